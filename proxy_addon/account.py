@@ -1,0 +1,53 @@
+"""The account an intent belongs to: a keyed hash of the request's credentials, never the credentials.
+
+Two agents with different API keys may send the same body; they are different intents. The HMAC key comes
+from `RECEIPTS_SECRET` (give every replica the same one) or from a local file created with mode 0600.
+"""
+
+import hashlib
+import hmac
+import os
+from pathlib import Path
+
+from proxy_addon.exceptions import ConfigError
+
+SECRET_ENV = "RECEIPTS_SECRET"
+ANONYMOUS = "anonymous"
+
+
+def load_or_create_key(path: str | Path) -> bytes:
+    env = os.environ.get(SECRET_ENV)
+    if env:
+        return env.encode()
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise ConfigError(f"secret_file {path}: cannot create it: {e.strerror}") from None
+    else:
+        with os.fdopen(fd, "w") as f:
+            f.write(os.urandom(32).hex())
+    try:
+        key = path.read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"secret_file {path}: cannot read it: {e.strerror}") from None
+    if len(key) < 32:
+        raise ConfigError(f"secret_file {path}: too short to be a key (want 32+ characters)")
+    return key.encode()
+
+
+class AccountHasher:
+    def __init__(self, key: bytes):
+        self._key = key
+
+    def account_of(self, headers: list[tuple[str, str]], credential_headers: frozenset[str]) -> str:
+        """`acct:<hex>` over the credential headers present (sorted), or `anonymous` when there are none."""
+        creds = sorted((n.lower(), v) for n, v in headers if n.lower() in credential_headers and n.lower() != "proxy-authorization")
+        if not creds:
+            return ANONYMOUS
+        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        for name, value in creds:
+            mac.update(name.encode() + b"\0" + value.encode("utf-8", "surrogateescape") + b"\0")
+        return "acct:" + mac.hexdigest()[:40]

@@ -1,0 +1,124 @@
+"""Engines and schema checks: where the database is, how to connect durably, whether it is migrated.
+
+SQLite is opened in WAL mode with synchronous=FULL (a commit is on disk when it returns) and every write
+transaction starts with BEGIN IMMEDIATE, so concurrent writers queue on the lock instead of failing with
+a deadlock when a read would later upgrade to a write.
+"""
+
+import os
+from pathlib import Path
+from typing import Any
+
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+from proxy_addon.exceptions import DatabaseURLError, JournalUnavailableError, SchemaNotMigratedError
+
+DATABASE_URL_ENV = "RECEIPTS_DATABASE_URL"
+DEFAULT_DATABASE_URL = "sqlite:///receipts.db"
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 10_000
+
+
+def resolve_database_url(configured: str | None) -> str:
+    """The URL the contract names: `RECEIPTS_DATABASE_URL`, else `database.url` in the config, else the default."""
+    return os.environ.get(DATABASE_URL_ENV) or configured or DEFAULT_DATABASE_URL
+
+
+def parse_database_url(raw: str) -> URL:
+    """Validate a URL and pick the psycopg 3 driver for a bare `postgresql://`."""
+    try:
+        url = make_url(raw)
+    except ArgumentError as e:
+        raise DatabaseURLError(f"database url {_masked(raw)!r} is not a valid URL") from e
+    backend = url.get_backend_name()
+    if backend == "postgresql":
+        if url.get_driver_name() in ("psycopg2", "default") or "+" not in url.drivername:
+            url = url.set(drivername="postgresql+psycopg")
+        if not url.database:
+            raise DatabaseURLError(f"database url {_masked(raw)!r} names no database")
+    elif backend == "sqlite":
+        if url.database in (None, "", ":memory:"):
+            raise DatabaseURLError("database url must name a SQLite file (an in-memory database keeps no receipt)")
+    else:
+        raise DatabaseURLError(f"database url {_masked(raw)!r}: only sqlite and postgresql are supported")
+    return url
+
+
+def _masked(raw: str) -> str:
+    try:
+        return make_url(raw).render_as_string(hide_password=True)
+    except ArgumentError:
+        return raw.split("@")[-1]
+
+
+def make_engine(raw_url: str, **kwargs: Any) -> Engine:
+    url = parse_database_url(raw_url)
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, **kwargs)
+    kwargs.setdefault("pool_pre_ping", True)
+    kwargs.setdefault("pool_size", 10)
+    kwargs.setdefault("max_overflow", 10)
+    connect_args = kwargs.pop("connect_args", {})
+    connect_args.setdefault("connect_timeout", 5)
+    return create_engine(url, connect_args=connect_args, **kwargs)
+
+
+def _sqlite_engine(url: URL, **kwargs: Any) -> Engine:
+    connect_args = kwargs.pop("connect_args", {})
+    connect_args.setdefault("check_same_thread", False)
+    connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
+    engine = create_engine(url, connect_args=connect_args, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # let the begin event below issue BEGIN itself
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "IMMEDIATE")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def alembic_config(raw_url: str | None = None) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if raw_url is not None:
+        cfg.set_main_option("sqlalchemy.url", parse_database_url(raw_url).render_as_string(hide_password=False).replace("%", "%%"))
+    return cfg
+
+
+def head_revision() -> str:
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    return heads[0]
+
+
+def check_schema(engine: Engine) -> None:
+    """Refuse to run on a database that is not at the migration head."""
+    try:
+        with engine.connect() as conn:
+            current = MigrationContext.configure(conn).get_current_revision()
+    except SQLAlchemyError as e:
+        raise JournalUnavailableError(f"cannot open the database: {_one_line(e)}") from e
+    head = head_revision()
+    if current != head:
+        raise SchemaNotMigratedError(
+            f"database is at migration {current or 'none'}, this code needs {head}: run `receipts db upgrade`"
+        )
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(getattr(e, "orig", None) or e)
+    return text.strip().splitlines()[0] if text.strip() else type(e).__name__

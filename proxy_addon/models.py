@@ -1,0 +1,156 @@
+"""The tables: SQLAlchemy 2 models, the single source of the schema that the Alembic migrations reproduce."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    false,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from proxy_addon.states import OPEN_STATES, State
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always timezone-aware UTC in Python, on SQLite (which keeps no zone) as on PostgreSQL."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+_STATE_LIST = ", ".join(f"'{s.value}'" for s in State)
+_OPEN_LIST = ", ".join(f"'{s.value}'" for s in sorted(OPEN_STATES))
+OPEN_STATE_PREDICATE = f"state IN ({_OPEN_LIST})"
+
+
+class Receipt(Base):
+    """One row per operation, updated in place as knowledge about its outcome changes."""
+
+    __tablename__ = "receipts"
+
+    operation_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    operation: Mapped[str] = mapped_column(Text)
+    method: Mapped[str] = mapped_column(String(16))
+    scheme: Mapped[str] = mapped_column(String(8))
+    host: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    query: Mapped[str | None] = mapped_column(Text)
+    intent_fingerprint: Mapped[str] = mapped_column(String(80))
+    account: Mapped[str] = mapped_column(String(80))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    submitted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    external_id: Mapped[str | None] = mapped_column(Text)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    authentication_recorded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    proxy_instance: Mapped[str | None] = mapped_column(String(64))
+    request_headers: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    request_body: Mapped[bytes | None] = mapped_column(LargeBinary)
+    request_body_size: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    request_body_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    body_note: Mapped[str | None] = mapped_column(Text)
+    response_headers: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    response_body: Mapped[bytes | None] = mapped_column(LargeBinary)
+    response_body_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    reconcile_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        CheckConstraint(f"state IN ({_STATE_LIST})", name="state"),
+        CheckConstraint("authentication_recorded = false", name="no_authentication"),
+        Index("ix_receipts_state", "state"),
+        Index("ix_receipts_host", "host"),
+        Index("ix_receipts_created_at", "created_at"),
+        Index("ix_receipts_account_idempotency_key", "account", "idempotency_key"),
+        Index("ix_receipts_account_fingerprint_completed", "account", "intent_fingerprint", "completed_at"),
+        Index("ix_receipts_state_next_attempt", "state", "next_attempt_at"),
+        Index("ix_receipts_proxy_instance_state", "proxy_instance", "state"),
+        # No open duplicate: at most one open receipt per (account, fingerprint), enforced by the database
+        # itself, so that two proxies sharing it can never both forward the same open intent.
+        Index(
+            "uq_receipts_open_intent",
+            "account",
+            "intent_fingerprint",
+            unique=True,
+            sqlite_where=text(OPEN_STATE_PREDICATE),
+            postgresql_where=text(OPEN_STATE_PREDICATE),
+        ),
+    )
+
+
+class ReceiptTransition(Base):
+    """Append-only history: one row per state change, committed together with the change itself."""
+
+    __tablename__ = "receipt_transitions"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("receipts.operation_id", ondelete="CASCADE")
+    )
+    from_state: Mapped[str | None] = mapped_column(String(20))
+    to_state: Mapped[str] = mapped_column(String(20))
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    __table_args__ = (Index("ix_receipt_transitions_operation_id", "operation_id", "id"),)
+
+
+class ProxyInstance(Base):
+    """A running (or once running) proxy process; its heartbeat tells live instances from dead ones."""
+
+    __tablename__ = "proxy_instances"
+
+    instance_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    recovered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

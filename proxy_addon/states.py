@@ -1,0 +1,44 @@
+"""The receipt state machine: states, which transitions the contract allows, and which states are open."""
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    PLANNED = "planned"
+    SUBMITTED = "submitted"
+    SUCCEEDED = "succeeded"
+    REJECTED = "rejected"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    RECONCILING = "reconciling"
+    SAFE_TO_RETRY = "safe_to_retry"
+    MANUAL_REVIEW = "manual_review"
+
+
+ALLOWED_TRANSITIONS: dict[State, frozenset[State]] = {
+    State.PLANNED: frozenset({State.SUBMITTED, State.REJECTED}),
+    State.SUBMITTED: frozenset({State.SUCCEEDED, State.REJECTED, State.OUTCOME_UNKNOWN}),
+    State.OUTCOME_UNKNOWN: frozenset(
+        {State.RECONCILING, State.MANUAL_REVIEW, State.SUCCEEDED, State.SAFE_TO_RETRY}
+    ),
+    State.RECONCILING: frozenset(
+        {State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN}
+    ),
+    State.MANUAL_REVIEW: frozenset({State.SUCCEEDED, State.SAFE_TO_RETRY}),
+    State.SUCCEEDED: frozenset(),
+    State.REJECTED: frozenset(),
+    State.SAFE_TO_RETRY: frozenset(),
+}
+
+TERMINAL_STATES: frozenset[State] = frozenset({State.SUCCEEDED, State.REJECTED, State.SAFE_TO_RETRY})
+OPEN_STATES: frozenset[State] = frozenset(State) - TERMINAL_STATES
+
+# A person's `resolve` may settle these, into these.
+RESOLVABLE_STATES: frozenset[State] = frozenset({State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN})
+RESOLUTION_STATES: frozenset[State] = frozenset({State.SUCCEEDED, State.SAFE_TO_RETRY})
+
+
+def is_allowed(from_state: State | None, to_state: State) -> bool:
+    """Whether the contract allows `from_state -> to_state`; `None` is creation, which starts at planned."""
+    if from_state is None:
+        return to_state == State.PLANNED
+    return to_state in ALLOWED_TRANSITIONS[from_state]

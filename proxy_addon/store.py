@@ -1,0 +1,456 @@
+"""The receipt store: the one place that writes receipts, their history and the proxy instances.
+
+Every state change is one transaction that updates the receipt only if it is still in the expected state
+(compare-and-set), appends its history row, and commits durably before returning. Storage errors are
+wrapped at this boundary as JournalUnavailableError, so callers can fail closed on one exception type.
+"""
+
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from proxy_addon.config import AfterSuccess
+from proxy_addon.exceptions import (
+    DuplicateOpenError,
+    DuplicateSucceededError,
+    IdempotencyKeyMismatchError,
+    IllegalTransitionError,
+    JournalUnavailableError,
+    ReceiptNotFoundError,
+    StaleStateError,
+)
+from proxy_addon.models import ProxyInstance, Receipt, ReceiptTransition
+from proxy_addon.states import OPEN_STATES, TERMINAL_STATES, State, is_allowed
+
+receipts = Receipt.__table__
+transitions = ReceiptTransition.__table__
+instances = ProxyInstance.__table__
+
+_OPEN = [s.value for s in OPEN_STATES]
+_UPDATABLE = {
+    "status_code",
+    "external_id",
+    "error_code",
+    "error_message",
+    "submitted_at",
+    "completed_at",
+    "response_headers",
+    "response_body",
+    "response_body_truncated",
+    "reconcile_attempts",
+    "next_attempt_at",
+    "lease_owner",
+    "lease_expires_at",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_operation_id() -> str:
+    return "op_" + uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class NewIntent:
+    """What the proxy knows about a write before it is sent; secrets already removed."""
+
+    operation: str
+    method: str
+    scheme: str
+    host: str
+    port: int
+    path: str
+    intent_fingerprint: str
+    account: str
+    query: str | None = None
+    idempotency_key: str | None = None
+    request_headers: dict[str, str] | None = None
+    request_body: bytes | None = None
+    request_body_size: int = 0
+    request_body_truncated: bool = False
+    body_note: str | None = None
+    proxy_instance: str | None = None
+    operation_id: str = field(default_factory=new_operation_id)
+
+
+@dataclass(frozen=True)
+class ReceiptRecord:
+    operation_id: str
+    operation: str
+    method: str
+    scheme: str
+    host: str
+    port: int
+    path: str
+    query: str | None
+    intent_fingerprint: str
+    account: str
+    idempotency_key: str | None
+    state: str
+    created_at: datetime
+    updated_at: datetime
+    submitted_at: datetime | None
+    completed_at: datetime | None
+    status_code: int | None
+    external_id: str | None
+    error_code: str | None
+    error_message: str | None
+    authentication_recorded: bool
+    proxy_instance: str | None
+    request_headers: dict[str, Any] | None
+    request_body: bytes | None
+    request_body_size: int
+    request_body_truncated: bool
+    body_note: str | None
+    response_headers: dict[str, Any] | None
+    response_body: bytes | None
+    response_body_truncated: bool
+    reconcile_attempts: int
+    next_attempt_at: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> "ReceiptRecord":
+        m = row._mapping
+        return cls(**{f.name: m[f.name] for f in fields(cls)})
+
+    @property
+    def is_open(self) -> bool:
+        return State(self.state) in OPEN_STATES
+
+
+@dataclass(frozen=True)
+class TransitionRecord:
+    id: int
+    operation_id: str
+    from_state: str | None
+    to_state: str
+    recorded_at: datetime
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Recovered:
+    operation_id: str
+    instance_id: str
+    from_state: str
+    to_state: str
+
+
+class ReceiptStore:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.dialect = engine.dialect.name
+
+    # -- plumbing ---------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _journal(self) -> Iterator[None]:
+        """Turn any storage failure into JournalUnavailableError, naming the cause in one line."""
+        try:
+            yield
+        except SQLAlchemyError as e:
+            cause = str(getattr(e, "orig", None) or e).strip().splitlines()
+            raise JournalUnavailableError(f"cannot write the journal: {cause[0] if cause else type(e).__name__}") from e
+
+    def _db_now(self, conn: Connection) -> datetime:
+        """The database's clock on PostgreSQL (replicas may disagree; the database is the reference)."""
+        if self.dialect == "postgresql":
+            return conn.execute(select(func.now())).scalar_one().astimezone(UTC)
+        return utcnow()
+
+    def _read(self) -> Any:
+        conn = self.engine.connect()
+        return conn.execution_options(sqlite_begin="DEFERRED") if self.dialect == "sqlite" else conn
+
+    # -- writes -----------------------------------------------------------------------------------------
+
+    def record_intent(self, intent: NewIntent, after_success: AfterSuccess | None = None) -> ReceiptRecord:
+        """Decide and record in one transaction: refuse a duplicate, or commit a new `planned` receipt.
+
+        The partial unique index on (account, fingerprint) for open states is the last word: if two
+        writers pass the checks at once, the second insert fails there and is reported as a duplicate.
+        """
+        after_success = after_success or AfterSuccess()
+        with self._journal():
+            for _attempt in range(3):
+                try:
+                    with self.engine.begin() as conn:
+                        self._refuse_duplicates(conn, intent, after_success)
+                        return self._insert_planned(conn, intent)
+                except IntegrityError:
+                    with self._read() as conn:
+                        blocking = self._open_for(conn, intent)
+                    if blocking is not None:
+                        raise _duplicate_open(blocking) from None
+            raise JournalUnavailableError("could not record the intent: the open-intent index kept changing")
+
+    def _refuse_duplicates(self, conn: Connection, intent: NewIntent, after_success: AfterSuccess) -> None:
+        if intent.idempotency_key is not None:
+            other = conn.execute(
+                select(receipts.c.operation_id, receipts.c.state)
+                .where(
+                    receipts.c.account == intent.account,
+                    receipts.c.idempotency_key == intent.idempotency_key,
+                    receipts.c.intent_fingerprint != intent.intent_fingerprint,
+                )
+                .limit(1)
+            ).first()
+            if other is not None:
+                raise IdempotencyKeyMismatchError(
+                    other.operation_id,
+                    other.state,
+                    f"Idempotency-Key {intent.idempotency_key!r} was used by {other.operation_id} for a different request",
+                )
+        blocking = self._open_for(conn, intent)
+        if blocking is not None:
+            raise _duplicate_open(blocking)
+        if after_success.policy != "allow" and after_success.window > 0:
+            since = utcnow() - timedelta(seconds=after_success.window)
+            row = conn.execute(
+                select(receipts)
+                .where(
+                    receipts.c.account == intent.account,
+                    receipts.c.intent_fingerprint == intent.intent_fingerprint,
+                    receipts.c.state == State.SUCCEEDED.value,
+                    receipts.c.completed_at >= since,
+                )
+                .order_by(receipts.c.completed_at.desc())
+                .limit(1)
+            ).first()
+            if row is not None:
+                raise DuplicateSucceededError(
+                    row.operation_id,
+                    row.state,
+                    f"the same request succeeded as {row.operation_id} at {row.completed_at:%Y-%m-%dT%H:%M:%SZ}",
+                    receipt=ReceiptRecord.from_row(row),
+                    policy=after_success.policy,
+                )
+
+    def _open_for(self, conn: Connection, intent: NewIntent) -> Any:
+        return conn.execute(
+            select(receipts.c.operation_id, receipts.c.state).where(
+                receipts.c.account == intent.account,
+                receipts.c.intent_fingerprint == intent.intent_fingerprint,
+                receipts.c.state.in_(_OPEN),
+            )
+        ).first()
+
+    def _insert_planned(self, conn: Connection, intent: NewIntent) -> ReceiptRecord:
+        now = utcnow()
+        values = {f.name: getattr(intent, f.name) for f in fields(intent)}
+        values.update(state=State.PLANNED.value, created_at=now, updated_at=now, authentication_recorded=False)
+        row = conn.execute(insert(receipts).values(**values).returning(*receipts.c)).one()
+        conn.execute(
+            insert(transitions).values(
+                operation_id=intent.operation_id,
+                from_state=None,
+                to_state=State.PLANNED.value,
+                recorded_at=now,
+                detail={"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint},
+            )
+        )
+        return ReceiptRecord.from_row(row)
+
+    def transition(
+        self,
+        operation_id: str,
+        expected_from: State | str,
+        to: State | str,
+        detail: dict[str, Any] | None = None,
+        **updates: Any,
+    ) -> ReceiptRecord:
+        """Compare-and-set `expected_from -> to`, with column updates, and its history row, in one commit."""
+        expected_from, to = State(expected_from), State(to)
+        if not is_allowed(expected_from, to):
+            raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
+        unknown = set(updates) - _UPDATABLE
+        if unknown:
+            raise ValueError(f"transition cannot set {', '.join(sorted(unknown))}")
+        now = utcnow()
+        if to == State.SUBMITTED:
+            updates.setdefault("submitted_at", now)
+        if to in TERMINAL_STATES:
+            updates.setdefault("completed_at", now)
+        with self._journal(), self.engine.begin() as conn:
+            row = conn.execute(
+                update(receipts)
+                .where(receipts.c.operation_id == operation_id, receipts.c.state == expected_from.value)
+                .values(state=to.value, updated_at=now, **updates)
+                .returning(*receipts.c)
+            ).first()
+            if row is None:
+                actual = conn.execute(select(receipts.c.state).where(receipts.c.operation_id == operation_id)).scalar()
+                if actual is None:
+                    raise ReceiptNotFoundError(f"no receipt {operation_id}")
+                raise StaleStateError(operation_id, expected_from.value, actual)
+            conn.execute(
+                insert(transitions).values(
+                    operation_id=operation_id,
+                    from_state=expected_from.value,
+                    to_state=to.value,
+                    recorded_at=now,
+                    detail=detail or {},
+                )
+            )
+        return ReceiptRecord.from_row(row)
+
+    # -- reads ------------------------------------------------------------------------------------------
+
+    def get(self, operation_id: str) -> ReceiptRecord:
+        with self._journal(), self._read() as conn:
+            row = conn.execute(select(receipts).where(receipts.c.operation_id == operation_id)).first()
+        if row is None:
+            raise ReceiptNotFoundError(f"no receipt {operation_id}")
+        return ReceiptRecord.from_row(row)
+
+    def history(self, operation_id: str) -> list[TransitionRecord]:
+        with self._journal(), self._read() as conn:
+            rows = conn.execute(
+                select(transitions).where(transitions.c.operation_id == operation_id).order_by(transitions.c.id)
+            ).all()
+        return [TransitionRecord(**r._mapping) for r in rows]
+
+    def list_receipts(
+        self,
+        states: Sequence[str] | None = None,
+        host: str | None = None,
+        older_than: timedelta | None = None,
+        limit: int | None = 100,
+    ) -> list[ReceiptRecord]:
+        """Newest first."""
+        q = select(receipts).order_by(receipts.c.created_at.desc(), receipts.c.operation_id.desc())
+        if states:
+            q = q.where(receipts.c.state.in_([State(s).value for s in states]))
+        if host:
+            q = q.where(receipts.c.host == host.lower())
+        if older_than is not None:
+            q = q.where(receipts.c.created_at <= utcnow() - older_than)
+        if limit is not None:
+            q = q.limit(limit)
+        with self._journal(), self._read() as conn:
+            return [ReceiptRecord.from_row(r) for r in conn.execute(q)]
+
+    # -- proxy instances and crash recovery -------------------------------------------------------------
+
+    def register_instance(self, instance_id: str, hostname: str, pid: int) -> None:
+        with self._journal(), self.engine.begin() as conn:
+            now = self._db_now(conn)
+            conn.execute(
+                insert(instances).values(
+                    instance_id=instance_id, hostname=hostname, pid=pid, started_at=now, heartbeat_at=now
+                )
+            )
+
+    def heartbeat(self, instance_id: str) -> None:
+        with self._journal(), self.engine.begin() as conn:
+            now = self._db_now(conn)
+            conn.execute(update(instances).where(instances.c.instance_id == instance_id).values(heartbeat_at=now))
+
+    def stop_instance(self, instance_id: str) -> None:
+        with self._journal(), self.engine.begin() as conn:
+            now = self._db_now(conn)
+            conn.execute(
+                update(instances).where(instances.c.instance_id == instance_id).values(stopped_at=now, heartbeat_at=now)
+            )
+
+    def dead_instances(self, me: str | None, dead_after: float, known_dead: Sequence[str] = ()) -> list[str]:
+        """Instances not yet recovered that stopped, stopped heartbeating, or that the caller knows died."""
+        with self._journal(), self._read() as conn:
+            cutoff = self._db_now(conn) - timedelta(seconds=dead_after)
+            rows = conn.execute(
+                select(instances.c.instance_id).where(
+                    instances.c.recovered_at.is_(None),
+                    instances.c.instance_id != (me or ""),
+                    (instances.c.stopped_at.is_not(None))
+                    | (instances.c.heartbeat_at < cutoff)
+                    | (instances.c.instance_id.in_(list(known_dead))),
+                )
+            ).all()
+        return [r.instance_id for r in rows]
+
+    def instances_on_host(self, hostname: str) -> list[tuple[str, int]]:
+        with self._journal(), self._read() as conn:
+            rows = conn.execute(
+                select(instances.c.instance_id, instances.c.pid).where(
+                    instances.c.hostname == hostname, instances.c.recovered_at.is_(None), instances.c.stopped_at.is_(None)
+                )
+            ).all()
+        return [(r.instance_id, r.pid) for r in rows]
+
+    def recover_instance(self, dead_instance: str, by: str | None) -> list[Recovered]:
+        """A dead instance's `submitted` receipts become outcome_unknown, its `planned` ones rejected/not_sent."""
+        with self._journal(), self._read() as conn:
+            rows = conn.execute(
+                select(receipts.c.operation_id, receipts.c.state).where(
+                    receipts.c.proxy_instance == dead_instance,
+                    receipts.c.state.in_([State.PLANNED.value, State.SUBMITTED.value]),
+                )
+            ).all()
+        recovered: list[Recovered] = []
+        for row in rows:
+            if row.state == State.SUBMITTED.value:
+                to, code = State.OUTCOME_UNKNOWN, "proxy_interrupted"
+                message = "the proxy stopped while the request was in flight; the upstream may have acted"
+            else:
+                to, code = State.REJECTED, "not_sent"
+                message = "the proxy stopped before the request was sent"
+            try:
+                self.transition(
+                    row.operation_id,
+                    row.state,
+                    to,
+                    {"who": by or "recovery", "error": code, "dead_instance": dead_instance},
+                    error_code=code,
+                    error_message=message,
+                )
+            except StaleStateError:
+                continue
+            recovered.append(Recovered(row.operation_id, dead_instance, row.state, to.value))
+        with self._journal(), self.engine.begin() as conn:
+            still = conn.execute(
+                select(func.count()).select_from(receipts).where(
+                    receipts.c.proxy_instance == dead_instance,
+                    receipts.c.state.in_([State.PLANNED.value, State.SUBMITTED.value]),
+                )
+            ).scalar_one()
+            if still == 0:
+                conn.execute(
+                    update(instances)
+                    .where(instances.c.instance_id == dead_instance)
+                    .values(recovered_at=self._db_now(conn))
+                )
+        return recovered
+
+    # -- retention --------------------------------------------------------------------------------------
+
+    def prune(self, older_than: timedelta) -> int:
+        """Delete terminal receipts completed before `now - older_than`, with their history. Never an open one."""
+        cutoff = utcnow() - older_than
+        terminal = [s.value for s in TERMINAL_STATES]
+        with self._journal(), self.engine.begin() as conn:
+            doomed = select(receipts.c.operation_id).where(
+                and_(receipts.c.state.in_(terminal), receipts.c.completed_at < cutoff)
+            )
+            conn.execute(delete(transitions).where(transitions.c.operation_id.in_(doomed)))
+            result = conn.execute(
+                delete(receipts).where(receipts.c.state.in_(terminal), receipts.c.completed_at < cutoff)
+            )
+            return result.rowcount or 0
+
+
+def _duplicate_open(row: Any) -> DuplicateOpenError:
+    return DuplicateOpenError(
+        row.operation_id,
+        row.state,
+        f"a receipt for the same request is still open: {row.operation_id} is {row.state}",
+    )
