@@ -1,0 +1,92 @@
+"""Shared fixtures: a migrated SQLite file and a migrated, throw-away PostgreSQL database per test.
+
+PostgreSQL is the real server named by RECEIPTS_TEST_POSTGRES_URL (default: the local one). Locally a test
+that needs it is skipped when it is down; under CI=true it fails instead, because skipping would hide it.
+"""
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from alembic import command
+from sqlalchemy.engine import make_url
+
+from proxy_addon.db import alembic_config, make_engine
+from proxy_addon.store import ReceiptStore
+
+PG_URL = os.environ.get("RECEIPTS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def _pg_available() -> str | None:
+    try:
+        psycopg.connect(_libpq(PG_URL), connect_timeout=3).close()
+        return None
+    except psycopg.Error as e:
+        return str(e).strip().splitlines()[0]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    problem = _pg_available()
+    if problem:
+        if IN_CI:
+            pytest.fail(f"PostgreSQL at {PG_URL} is required under CI=true: {problem}", pytrace=False)
+        pytest.skip(f"PostgreSQL not reachable: {problem}")
+    return PG_URL
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A fresh, empty database on the PostgreSQL server, dropped afterwards."""
+    name = f"receipts_t_{uuid.uuid4().hex[:12]}"
+    admin = psycopg.connect(_libpq(pg_server), autocommit=True)
+    admin.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(pg_server).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        )
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'receipts.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request) -> str:
+    """Each test that takes this runs twice: on a SQLite file and on PostgreSQL."""
+    if request.param == "sqlite":
+        return request.getfixturevalue("sqlite_url")
+    return request.getfixturevalue("pg_url")
+
+
+def migrate(url: str) -> None:
+    command.upgrade(alembic_config(url), "head")
+
+
+@pytest.fixture
+def migrated_url(db_url: str) -> str:
+    migrate(db_url)
+    return db_url
+
+
+@pytest.fixture
+def store(migrated_url: str) -> Iterator[ReceiptStore]:
+    engine = make_engine(migrated_url)
+    try:
+        yield ReceiptStore(engine)
+    finally:
+        engine.dispose()
