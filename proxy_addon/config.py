@@ -97,6 +97,8 @@ class JsonPath:
         return found[0] if found else None
 
 
+compile_jsonpath = _compile_jsonpath
+
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 JsonPathField = Annotated[JsonPath, BeforeValidator(_compile_jsonpath), PlainSerializer(lambda p: p.text)]
@@ -336,6 +338,14 @@ class ReceiptsConfig(StrictModel):
     reconcile: ReconcileSettings = ReconcileSettings()
     logging: LoggingSettings = LoggingSettings()
     secret_file: str = ".receipts-secret"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections(cls, data: Any) -> Any:
+        """A section left with only comments (`hosts:`) is empty, not an error."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
 
     @field_validator("hosts")
     @classmethod

@@ -431,6 +431,25 @@ class ReceiptStore:
                 )
         return recovered
 
+    def stats(self) -> dict[str, Any]:
+        """Counts per state and per host and state, and the age of the oldest open receipt."""
+        with self._journal(), self._read() as conn:
+            rows = conn.execute(
+                select(receipts.c.host, receipts.c.state, func.count()).group_by(receipts.c.host, receipts.c.state)
+            ).all()
+            oldest = conn.execute(
+                select(func.min(receipts.c.created_at)).where(receipts.c.state.in_(_OPEN))
+            ).scalar()
+        by_state: dict[str, int] = {s.value: 0 for s in State}
+        by_host: dict[str, dict[str, int]] = {}
+        for host, state, count in rows:
+            by_state[state] += count
+            by_host.setdefault(host, {})[state] = count
+        if oldest is not None and oldest.tzinfo is None:
+            oldest = oldest.replace(tzinfo=UTC)
+        age = (utcnow() - oldest).total_seconds() if oldest is not None else None
+        return {"by_state": by_state, "by_host": by_host, "oldest_open_age_seconds": age}
+
     # -- retention --------------------------------------------------------------------------------------
 
     def prune(self, older_than: timedelta) -> int:

@@ -1,0 +1,357 @@
+"""The `receipts` command: set up the database, run the proxy, and look at or settle receipts.
+
+Exit codes: 0 success, 1 a failed operation, 2 bad usage (including a bad config or URL).
+"""
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn
+
+from proxy_addon.config import ReceiptsConfig, load_config, parse_duration
+from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
+from proxy_addon.exceptions import ConfigError, ReceiptsError
+from proxy_addon.states import RESOLUTION_STATES, State
+from proxy_addon.store import ReceiptRecord, ReceiptStore, TransitionRecord
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(ReceiptsError):
+    """The command line or its input is wrong (exit 2)."""
+
+
+# -- plumbing -----------------------------------------------------------------------------------------------
+
+
+def _config(args: argparse.Namespace) -> ReceiptsConfig:
+    return load_config(args.config)
+
+
+def _store(args: argparse.Namespace, config: ReceiptsConfig | None = None) -> ReceiptStore:
+    config = config or _config(args)
+    engine = make_engine(resolve_database_url(config.database.url))
+    check_schema(engine)
+    return ReceiptStore(engine)
+
+
+def _print_json(document: Any) -> None:
+    json.dump(document, sys.stdout, indent=2, default=_json_default, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+PUBLIC_COLUMNS = (
+    "operation_id",
+    "operation",
+    "method",
+    "scheme",
+    "host",
+    "port",
+    "path",
+    "query",
+    "intent_fingerprint",
+    "account",
+    "idempotency_key",
+    "state",
+    "created_at",
+    "updated_at",
+    "submitted_at",
+    "completed_at",
+    "status_code",
+    "external_id",
+    "error_code",
+    "error_message",
+    "authentication_recorded",
+    "proxy_instance",
+    "request_body_size",
+    "body_note",
+    "reconcile_attempts",
+    "next_attempt_at",
+)
+
+
+def receipt_document(r: ReceiptRecord) -> dict[str, Any]:
+    return {c: getattr(r, c) for c in PUBLIC_COLUMNS}
+
+
+def transition_document(t: TransitionRecord) -> dict[str, Any]:
+    return {"from_state": t.from_state, "to_state": t.to_state, "recorded_at": t.recorded_at, "detail": t.detail}
+
+
+def _age(since: datetime | None) -> str:
+    if since is None:
+        return "-"
+    seconds = int((datetime.now(UTC) - since).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for c in columns:
+        table.add_column(c, overflow="fold")
+    for row in rows:
+        table.add_row(*["" if v is None else str(v) for v in row])
+    Console().print(table)
+
+
+# -- commands -----------------------------------------------------------------------------------------------
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from alembic import command
+
+    config = _config(args)
+    url = resolve_database_url(config.database.url)
+    make_engine(url).dispose()  # validates the URL with a clear message
+    try:
+        command.upgrade(alembic_config(url), "head")
+    except Exception as e:  # alembic/SQLAlchemy raise many kinds; the operator needs one line
+        raise ReceiptsError(f"migration failed: {str(getattr(e, 'orig', None) or e).strip().splitlines()[0]}") from e
+    print(f"database at migration head ({_safe_url(url)})")
+    return EXIT_OK
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _store(args, config).engine.dispose()  # refuse to start on an unmigrated or unreachable database
+    return asyncio.run(_run_proxy(args))
+
+
+async def _run_proxy(args: argparse.Namespace) -> int:
+    from mitmproxy import exceptions, options
+    from mitmproxy.tools.dump import DumpMaster
+
+    from proxy_addon.addon import Receipts
+
+    opts = options.Options(listen_host=args.listen_host, listen_port=args.listen_port)
+    if args.confdir:
+        opts.update(confdir=args.confdir)
+    master = DumpMaster(opts, with_termlog=True, with_dumper=False)
+    master.addons.add(Receipts())
+    try:
+        # lazy: with HTTPS, do not open an upstream connection before the request is known
+        opts.update(connection_strategy="lazy", receipts_config=args.config, ssl_insecure=args.ssl_insecure)
+        for spec in args.set or []:
+            opts.set(spec)
+    except exceptions.OptionsError as e:
+        print(f"receipts proxy: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, master.shutdown)
+    await master.run()
+    return EXIT_OK
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    store = _store(args)
+    states = [State(args.state).value] if args.state else None
+    older = timedelta(seconds=parse_duration(args.older_than)) if args.older_than else None
+    rows = store.list_receipts(states=states, host=args.host, older_than=older, limit=args.limit)
+    if args.json:
+        _print_json([receipt_document(r) for r in rows])
+        return EXIT_OK
+    _table(
+        f"receipts ({len(rows)})",
+        ["operation_id", "state", "operation", "host", "status", "age", "error", "external_id"],
+        [
+            (r.operation_id, r.state, r.operation, r.host, r.status_code, _age(r.created_at), r.error_code, r.external_id)
+            for r in rows
+        ],
+    )
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = _store(args)
+    receipt = store.get(args.id)
+    history = store.history(args.id)
+    if args.json:
+        _print_json({**receipt_document(receipt), "transitions": [transition_document(t) for t in history]})
+        return EXIT_OK
+    _table(
+        f"receipt {receipt.operation_id}",
+        ["field", "value"],
+        [(c, getattr(receipt, c)) for c in PUBLIC_COLUMNS if getattr(receipt, c) is not None],
+    )
+    _table(
+        "history",
+        ["recorded_at", "from", "to", "detail"],
+        [(t.recorded_at.isoformat(), t.from_state or "-", t.to_state, json.dumps(t.detail)) for t in history],
+    )
+    return EXIT_OK
+
+
+def cmd_resolve(args: argparse.Namespace) -> int:
+    store = _store(args)
+    receipt = store.get(args.id)
+    target = State(args.state)
+    if target not in RESOLUTION_STATES:
+        raise UsageError(f"--state must be one of {', '.join(sorted(RESOLUTION_STATES))}")
+    if receipt.state not in (State.MANUAL_REVIEW.value, State.OUTCOME_UNKNOWN.value):
+        raise ReceiptsError(
+            f"receipt {receipt.operation_id} is {receipt.state}; only manual_review or outcome_unknown can be resolved"
+        )
+    updates: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
+    if args.external_id:
+        updates["external_id"] = args.external_id
+    detail = {"who": f"person:{args.who}", "note": args.note, "external_id": args.external_id, "verdict": target.value}
+    updated = store.transition(receipt.operation_id, receipt.state, target, detail, **updates)
+    if args.json:
+        _print_json(receipt_document(updated))
+    else:
+        print(f"{updated.operation_id}: {receipt.state} -> {updated.state}")
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    store = _store(args)
+    stats = store.stats()
+    if args.json:
+        _print_json(stats)
+        return EXIT_OK
+    _table("by state", ["state", "count"], sorted(stats["by_state"].items()))
+    _table(
+        "by host",
+        ["host", "state", "count"],
+        [(h, s, n) for h, per in sorted(stats["by_host"].items()) for s, n in sorted(per.items())],
+    )
+    age = stats["oldest_open_age_seconds"]
+    print(f"oldest open receipt: {'none' if age is None else f'{age:.0f}s'}")
+    return EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    store = _store(args)
+    deleted = store.prune(timedelta(seconds=parse_duration(args.older_than)))
+    if args.json:
+        _print_json({"deleted": deleted})
+    else:
+        print(f"deleted {deleted} terminal receipts completed more than {args.older_than} ago")
+    return EXIT_OK
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from proxy_addon.reconcile import run_reconcile
+
+    config = _config(args)
+    return run_reconcile(config, _store(args, config), once=args.once)
+
+
+# -- parser -------------------------------------------------------------------------------------------------
+
+
+def _duration_arg(text: str) -> str:
+    try:
+        parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _state_arg(text: str) -> str:
+    try:
+        return State(text).value
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"unknown state {text!r} (one of {', '.join(s.value for s in State)})") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="receipts", description="Durable receipts for the writes AI agents make over HTTP.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name: str, handler: Callable[[argparse.Namespace], int], help: str, parent: Any = sub) -> Any:
+        p = parent.add_parser(name, help=help, description=help)
+        p.add_argument("--config", default="config.yaml", help="config file (default ./config.yaml)")
+        p.set_defaults(handler=handler)
+        return p
+
+    db = sub.add_parser("db", help="database schema")
+    db_sub = db.add_subparsers(dest="db_command", required=True, parser_class=_Parser)
+    command("upgrade", cmd_db_upgrade, "apply the Alembic migrations (upgrade head)", db_sub)
+
+    p = command("proxy", cmd_proxy, "run the journaling proxy")
+    p.add_argument("--listen-host", default="127.0.0.1")
+    p.add_argument("--listen-port", type=int, default=8080)
+    p.add_argument("--confdir", default=None, help="mitmproxy's directory for its CA (default ~/.mitmproxy)")
+    p.add_argument("--ssl-insecure", action="store_true", help="do not verify upstream TLS certificates")
+    p.add_argument("--set", action="append", metavar="OPTION=VALUE", help="any mitmproxy option")
+
+    p = command("reconcile", cmd_reconcile, "resolve outcome_unknown receipts by reading the upstream")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--once", action="store_true", help="one pass over the queue, then exit")
+    mode.add_argument("--loop", action="store_true", help="keep reconciling every reconcile.interval")
+
+    p = command("ls", cmd_ls, "list receipts, newest first")
+    p.add_argument("--state", type=_state_arg)
+    p.add_argument("--host")
+    p.add_argument("--older-than", type=_duration_arg, help="only receipts created longer ago than this (e.g. 10m)")
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--json", action="store_true")
+
+    p = command("show", cmd_show, "one receipt with its whole transition history")
+    p.add_argument("id")
+    p.add_argument("--json", action="store_true")
+
+    p = command("resolve", cmd_resolve, "a person's verdict on a manual_review or outcome_unknown receipt")
+    p.add_argument("id")
+    p.add_argument("--state", required=True, choices=sorted(s.value for s in RESOLUTION_STATES))
+    p.add_argument("--note", required=True)
+    p.add_argument("--external-id")
+    p.add_argument("--who", default="operator", help="who decides (kept in the history)")
+    p.add_argument("--json", action="store_true")
+
+    p = command("stats", cmd_stats, "counts per state and host, oldest open receipt's age")
+    p.add_argument("--json", action="store_true")
+
+    p = command("prune", cmd_prune, "delete terminal receipts older than DURATION (never an open one)")
+    p.add_argument("--older-than", required=True, type=_duration_arg)
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ConfigError, UsageError) as e:
+        print(f"receipts: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ReceiptsError as e:
+        print(f"receipts: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Proxy instances: register, heartbeat, and recover the receipts of instances that died.
+
+A SIGKILLed proxy cannot say it stopped. Its heartbeat goes stale, and any live instance then turns its
+`submitted` receipts into outcome_unknown (the request may have reached the upstream) and its `planned`
+ones into rejected/not_sent (it never sent them). On the same machine a dead instance is known at once,
+by its pid; elsewhere, after `instance_dead_after` without a heartbeat (database time is the reference).
+"""
+
+import asyncio
+import os
+import socket
+import uuid
+from concurrent.futures import Executor
+
+from proxy_addon.exceptions import JournalUnavailableError
+from proxy_addon.log import get_logger
+from proxy_addon.store import ReceiptStore
+
+log = get_logger("receipts.recovery")
+
+
+def new_instance_id() -> str:
+    return f"{socket.gethostname()[:32]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def process_namespace() -> str:
+    """Host name, boot and pid namespace: where two instances with this same value can see each other's pids."""
+    parts = [socket.gethostname()[:128]]
+    for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
+        try:
+            parts.append(os.readlink(path) if path.endswith("/pid") else open(path).read().strip()[:36])
+        except OSError:
+            parts.append("?")
+    return "/".join(parts)[:255]
+
+
+class InstanceLiveness:
+    def __init__(self, store: ReceiptStore, instance_id: str, heartbeat_interval: float, dead_after: float):
+        self.store = store
+        self.instance_id = instance_id
+        self.heartbeat_interval = heartbeat_interval
+        self.dead_after = dead_after
+        self.hostname = process_namespace()
+
+    def register(self) -> None:
+        self.store.register_instance(self.instance_id, self.hostname, os.getpid())
+
+    def stop(self) -> None:
+        self.store.stop_instance(self.instance_id)
+
+    def sweep(self) -> int:
+        """Recover every dead instance's in-flight receipts; returns how many receipts changed."""
+        known_dead = []
+        if "?" not in self.hostname.split("/"):
+            known_dead = [
+                iid
+                for iid, pid in self.store.instances_on_host(self.hostname)
+                if iid != self.instance_id and not pid_alive(pid)
+            ]
+        changed = 0
+        for dead in self.store.dead_instances(self.instance_id, self.dead_after, known_dead):
+            for r in self.store.recover_instance(dead, by=self.instance_id):
+                changed += 1
+                log.warning(
+                    "receipt_recovered",
+                    operation_id=r.operation_id,
+                    dead_instance=dead,
+                    from_state=r.from_state,
+                    to_state=r.to_state,
+                )
+        return changed
+
+    async def run(self, executor: Executor) -> None:
+        """Heartbeat and sweep forever; a database outage is logged and retried, never fatal."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await loop.run_in_executor(executor, self.store.heartbeat, self.instance_id)
+                await loop.run_in_executor(executor, self.sweep)
+            except JournalUnavailableError as e:
+                log.error("heartbeat_failed", error=str(e))
+            await asyncio.sleep(self.heartbeat_interval)

@@ -1,0 +1,106 @@
+"""Running the real proxy for tests: in-process (a DumpMaster on its own thread) or as a `receipts proxy` process."""
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mitmproxy import options
+from mitmproxy.tools.dump import DumpMaster
+
+from proxy_addon.addon import Receipts
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class RunningProxy:
+    port: int
+    addon: Receipts
+    master: DumpMaster
+    thread: threading.Thread
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.master.shutdown)
+        self.thread.join(15)
+
+
+def start_inprocess_proxy(config_path: Path, database_url: str, confdir: Path, **extra_options) -> RunningProxy:
+    """A real mitmproxy with the receipts addon, listening on a free loopback port, in a background thread."""
+    ready = threading.Event()
+    box: dict = {}
+
+    def run() -> None:
+        async def main() -> None:
+            opts = options.Options(listen_host="127.0.0.1", listen_port=0, confdir=str(confdir))
+            master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+            addon = Receipts()
+            master.addons.add(addon)
+            opts.update(
+                receipts_config=str(config_path),
+                receipts_database_url=database_url,
+                connection_strategy="lazy",
+                **extra_options,
+            )
+            box.update(master=master, addon=addon, loop=asyncio.get_running_loop())
+            task = asyncio.create_task(master.run())
+            for _ in range(200):
+                addrs = master.addons.get("proxyserver").listen_addrs()
+                if addrs:
+                    box["port"] = addrs[0][1]
+                    break
+                await asyncio.sleep(0.025)
+            ready.set()
+            await task
+
+        try:
+            asyncio.run(main())
+        except BaseException as e:  # surfaced to the test below
+            box["error"] = e
+            ready.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    if not ready.wait(20) or "error" in box or "port" not in box:
+        raise RuntimeError(f"proxy did not start: {box.get('error')!r}")
+    return RunningProxy(box["port"], box["addon"], box["master"], thread, box["loop"])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_proxy_process(config_path: Path, database_url: str, confdir: Path, log_path: Path, port: int | None = None):
+    """`receipts proxy` as its own process; returns (Popen, port) once it accepts connections."""
+    port = port or free_port()
+    env = {**os.environ, "RECEIPTS_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy_addon.cli", "proxy", "--config", str(config_path),
+         "--listen-port", str(port), "--confdir", str(confdir)],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(config_path.parent),
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"receipts proxy exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    raise RuntimeError("receipts proxy did not start listening within 30 s")
