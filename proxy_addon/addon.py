@@ -109,6 +109,11 @@ class Receipts:
         await loop.run_in_executor(self.executor, self.liveness.register)
         await loop.run_in_executor(self.executor, self.liveness.sweep)
         self._tasks.append(asyncio.create_task(self.liveness.run(self.executor)))
+        if self.config and self.store and self.config.reconcile.in_proxy:
+            from proxy_addon.reconcile import Reconciler
+
+            reconciler = Reconciler(self.config, self.store, worker_id=f"{self.instance_id}-reconcile")
+            self._tasks.append(asyncio.create_task(reconciler.run_forever()))
         log.info("proxy_started", instance=self.instance_id)
 
     async def done(self) -> None:

@@ -141,7 +141,9 @@ class ReconcileRule(StrictModel):
     absent_means: Literal["safe_to_retry", "succeeded", "manual_review"] = "safe_to_retry"
     timeout: Duration = 10.0
     max_pages: int = Field(default=5, ge=1, le=100)
-    next_page: JsonPathField | str | None = None
+    next_page: JsonPathField | None = None  # search: where the next page's URL is in a page
+    time_field: JsonPathField | None = None  # search: a candidate's creation time, to bound the window
+    window: Duration = 3600.0  # search: candidates created this long before or after submission
 
     @field_validator("url")
     @classmethod
@@ -299,6 +301,7 @@ class ReconcileSettings(StrictModel):
     per_host_rate: float = Field(default=5.0, gt=0)
     batch_size: int = Field(default=50, ge=1, le=1000)
     backoff: Duration = 5.0
+    verify_tls: bool = True
 
 
 class LoggingSettings(StrictModel):

@@ -267,9 +267,14 @@ class ReceiptStore:
         expected_from: State | str,
         to: State | str,
         detail: dict[str, Any] | None = None,
+        owned_by: str | None = None,
         **updates: Any,
     ) -> ReceiptRecord:
-        """Compare-and-set `expected_from -> to`, with column updates, and its history row, in one commit."""
+        """Compare-and-set `expected_from -> to`, with column updates, and its history row, in one commit.
+
+        `owned_by` adds the lease holder to the compare: a worker whose lease expired and was taken over
+        cannot write a verdict over its successor's.
+        """
         expected_from, to = State(expected_from), State(to)
         if not is_allowed(expected_from, to):
             raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
@@ -281,12 +286,12 @@ class ReceiptStore:
             updates.setdefault("submitted_at", now)
         if to in TERMINAL_STATES:
             updates.setdefault("completed_at", now)
+        guard = [receipts.c.operation_id == operation_id, receipts.c.state == expected_from.value]
+        if owned_by is not None:
+            guard.append(receipts.c.lease_owner == owned_by)
         with self._journal(), self.engine.begin() as conn:
             row = conn.execute(
-                update(receipts)
-                .where(receipts.c.operation_id == operation_id, receipts.c.state == expected_from.value)
-                .values(state=to.value, updated_at=now, **updates)
-                .returning(*receipts.c)
+                update(receipts).where(*guard).values(state=to.value, updated_at=now, **updates).returning(*receipts.c)
             ).first()
             if row is None:
                 actual = conn.execute(select(receipts.c.state).where(receipts.c.operation_id == operation_id)).scalar()
@@ -449,6 +454,81 @@ class ReceiptStore:
             oldest = oldest.replace(tzinfo=UTC)
         age = (utcnow() - oldest).total_seconds() if oldest is not None else None
         return {"by_state": by_state, "by_host": by_host, "oldest_open_age_seconds": age}
+
+    # -- reconciliation queue ---------------------------------------------------------------------------
+
+    def claim_unknown(self, worker: str, lease_seconds: float, limit: int) -> list[ReceiptRecord]:
+        """Lease up to `limit` due outcome_unknown receipts to `worker` (outcome_unknown -> reconciling).
+
+        PostgreSQL: FOR UPDATE SKIP LOCKED, so concurrent workers take disjoint rows. SQLite: the write
+        transaction (BEGIN IMMEDIATE) already serialises claimers, and each claim is a compare-and-set.
+        """
+        with self._journal(), self.engine.begin() as conn:
+            now = self._db_now(conn)
+            due = (
+                select(receipts.c.operation_id)
+                .where(
+                    receipts.c.state == State.OUTCOME_UNKNOWN.value,
+                    (receipts.c.next_attempt_at.is_(None)) | (receipts.c.next_attempt_at <= now),
+                )
+                .order_by(receipts.c.next_attempt_at.is_not(None), receipts.c.next_attempt_at, receipts.c.created_at)
+                .limit(limit)
+            )
+            if self.dialect == "postgresql":
+                due = due.with_for_update(skip_locked=True)
+            ids = [r.operation_id for r in conn.execute(due)]
+            if not ids:
+                return []
+            expires = now + timedelta(seconds=lease_seconds)
+            rows = conn.execute(
+                update(receipts)
+                .where(receipts.c.operation_id.in_(ids), receipts.c.state == State.OUTCOME_UNKNOWN.value)
+                .values(
+                    state=State.RECONCILING.value, lease_owner=worker, lease_expires_at=expires, updated_at=utcnow()
+                )
+                .returning(*receipts.c)
+            ).all()
+            if rows:
+                conn.execute(
+                    insert(transitions),
+                    [
+                        {
+                            "operation_id": r.operation_id,
+                            "from_state": State.OUTCOME_UNKNOWN.value,
+                            "to_state": State.RECONCILING.value,
+                            "recorded_at": utcnow(),
+                            "detail": {"who": worker, "lease_expires_at": expires.isoformat()},
+                        }
+                        for r in rows
+                    ],
+                )
+        return [ReceiptRecord.from_row(r) for r in rows]
+
+    def release_expired_leases(self, by: str) -> list[str]:
+        """Receipts whose worker's lease ran out go back to outcome_unknown, to be claimed again."""
+        with self._journal(), self._read() as conn:
+            now = self._db_now(conn)
+            rows = conn.execute(
+                select(receipts.c.operation_id, receipts.c.lease_owner).where(
+                    receipts.c.state == State.RECONCILING.value, receipts.c.lease_expires_at < now
+                )
+            ).all()
+        released = []
+        for row in rows:
+            try:
+                self.transition(
+                    row.operation_id,
+                    State.RECONCILING,
+                    State.OUTCOME_UNKNOWN,
+                    {"who": by, "reason": "lease expired", "lease_owner": row.lease_owner},
+                    owned_by=row.lease_owner,
+                    lease_owner=None,
+                    lease_expires_at=None,
+                )
+            except StaleStateError:
+                continue
+            released.append(row.operation_id)
+        return released
 
     # -- retention --------------------------------------------------------------------------------------
 
