@@ -2,13 +2,14 @@
 
 Structured bodies are canonicalised first, so that key order, whitespace and `1` vs `1.0` do not make a
 retry look new: JSON (sorted keys, compact, numbers normalised), forms and multipart (pairs sorted).
-Anything else, or a body that does not parse as its declared type, is identified by its bytes, with a note.
+Anything else, or a body that does not parse as its declared type, is identified by its bytes, with a note;
+such an unparsed structured body is stored as the redaction marker alone, as its secret fields cannot be found.
 Secret fields are replaced by a marker before anything is hashed or stored.
 """
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
@@ -54,18 +55,25 @@ def _bytes_identity(body: bytes, note: str | None = None) -> BodyIdentity:
     return BodyIdentity("bytes", {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}, body, None, note)
 
 
+def _unparsed_identity(body: bytes, note: str) -> BodyIdentity:
+    """A body of a structured type that does not parse: its secret fields cannot be found, so all of it is
+    redacted (stored as the marker alone, which also tells the reconciler it cannot be re-sent)."""
+    note = f"{note}; stored redacted, its secret fields cannot be found"
+    return replace(_bytes_identity(body, note), stored=REDACTED.encode())
+
+
 def _json_identity(body: bytes, redact_fields: frozenset[str], rule: FingerprintRule | None) -> BodyIdentity:
     try:
         document = json.loads(body, parse_float=Decimal, parse_int=Decimal)
     except (ValueError, RecursionError):
-        return _bytes_identity(body, "body is not valid JSON; fingerprinted as bytes")
+        return _unparsed_identity(body, "body is not valid JSON; fingerprinted as bytes")
     try:
         redacted = redact_document(document, redact_fields)
         stored = canonical_json(redacted).encode()
         identity = _select_fields(redacted, rule)
         canonical_json(identity)  # prove it serialises before it is used as identity
     except RecursionError:
-        return _bytes_identity(body, "JSON body nested too deeply; fingerprinted as bytes")
+        return _unparsed_identity(body, "JSON body nested too deeply; fingerprinted as bytes")
     return BodyIdentity("json", identity, stored, _plain(redacted))
 
 
@@ -88,7 +96,7 @@ def _form_identity(body: bytes, redact_fields: frozenset[str]) -> BodyIdentity:
     try:
         pairs = parse_qsl(body.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
     except (UnicodeDecodeError, ValueError):
-        return _bytes_identity(body, "form body does not parse; fingerprinted as bytes")
+        return _unparsed_identity(body, "form body does not parse; fingerprinted as bytes")
     redacted = [(k, REDACTED if k.lower() in redact_fields else v) for k, v in pairs]
     document: dict[str, Any] = {}
     for k, v in redacted:
@@ -97,9 +105,12 @@ def _form_identity(body: bytes, redact_fields: frozenset[str]) -> BodyIdentity:
 
 
 def _multipart_identity(content_type: str, body: bytes, redact_fields: frozenset[str]) -> BodyIdentity:
-    parts = decode_multipart(content_type, body)
+    try:
+        parts = decode_multipart(content_type, body)
+    except ValueError:  # a part without the blank line that ends its headers
+        parts = []
     if not parts:
-        return _bytes_identity(body, "multipart body does not parse; fingerprinted as bytes")
+        return _unparsed_identity(body, "multipart body does not parse; fingerprinted as bytes")
     identity = []
     for name, value in parts:
         key = name.decode("utf-8", "replace")

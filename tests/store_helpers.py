@@ -1,0 +1,56 @@
+"""Helpers shared by the store tests: intents with fresh fingerprints, and walking a receipt along the contract."""
+
+import uuid
+from collections import deque
+
+from sqlalchemy import Table, func, select
+
+from proxy_addon.states import ALLOWED_TRANSITIONS, State
+from proxy_addon.store import NewIntent, ReceiptRecord, ReceiptStore, utcnow
+
+S = State
+
+
+def _paths() -> dict[State, list[State]]:
+    """The shortest allowed path from planned to every state (breadth-first over the contract's table)."""
+    paths, queue = {S.PLANNED: []}, deque([S.PLANNED])
+    while queue:
+        here = queue.popleft()
+        for there in sorted(ALLOWED_TRANSITIONS[here]):
+            if there not in paths:
+                paths[there] = [*paths[here], there]
+                queue.append(there)
+    return paths
+
+
+PATHS = _paths()
+
+
+def fp() -> str:
+    return "sha256:" + uuid.uuid4().hex * 2
+
+
+def intent(fingerprint: str | None = None, account: str = "acct:alice", **kw) -> NewIntent:
+    return NewIntent(operation="articles.create", method="POST", scheme="https", host="api.example.com", port=443,
+                     path="/api/articles", intent_fingerprint=fingerprint or fp(), account=account, **kw)
+
+
+def walk(store: ReceiptStore, op: str, target: State, **last_updates) -> ReceiptRecord:
+    """Move a planned receipt to `target` along an allowed path; `last_updates` go with the last step."""
+    rec, steps = store.get(op), list(zip([S.PLANNED, *PATHS[target]], PATHS[target]))
+    for i, (a, b) in enumerate(steps):
+        rec = store.transition(op, a, b, {"step": i}, **(last_updates if i == len(steps) - 1 else {}))
+    return rec
+
+
+def count(store: ReceiptStore, table: Table, *where) -> int:
+    with store.engine.connect() as c:
+        return c.execute(select(func.count()).select_from(table).where(*where)).scalar_one()
+
+
+def raw_row(fingerprint: str, account: str = "acct:alice", state: str = "submitted") -> dict:
+    """A receipt row for a raw INSERT that bypasses the store."""
+    now = utcnow()
+    return dict(operation_id="op_raw_" + uuid.uuid4().hex[:8], operation="raw", method="POST", scheme="https",
+                host="api.example.com", port=443, path="/raw", intent_fingerprint=fingerprint, account=account,
+                state=state, created_at=now, updated_at=now)

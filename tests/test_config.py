@@ -1,0 +1,256 @@
+"""config.yaml: durations and sizes, the contract's example config, one-line errors naming the key, and the
+per-host policy and operation lookups."""
+
+import pytest
+
+from proxy_addon.config import (
+    BUILTIN_SECRET_HEADERS,
+    compile_path_template,
+    load_config,
+    parse_config,
+    parse_duration,
+    parse_size,
+)
+from proxy_addon.exceptions import ConfigError
+
+# The example config of CONTRACT.md, verbatim.
+CONTRACT_EXAMPLE = """\
+database:
+  url: sqlite:///receipts.db            # or postgresql+psycopg://user@host/db
+defaults:                               # every host inherits these
+  upstream_timeout: 30s                 # read timeout after the request is sent
+  unknown_statuses: [500, 502, 503, 504]   # upstream answers that mean "outcome unknown"
+  after_success: {policy: replay, window: 15m}
+  redact_headers: [X-Custom-Token]      # added to the built-in secret headers
+  redact_fields: [password, token, secret, api_key]   # body fields, at any depth
+hosts:
+  "api.example.com":                    # a host, or host:port (host:port wins over host)
+    upstream_timeout: 10s
+    inject_idempotency_key: false       # true: send the operation id as Idempotency-Key upstream
+    operations:
+      - name: articles.create
+        method: POST
+        path: /api/articles             # templates like /api/articles/{id} match one segment per {name}
+        fingerprint: {fields: [$.title, $.body_markdown]}   # allowlist; default: the whole redacted body
+        external_id: $.id               # JSON path into the success response, or "header:Location"
+        retry_safe: true
+        reconcile:
+          strategy: search              # lookup | search | resend_with_key
+          url: "{scheme}://{netloc}/api/articles?per_page=30"  # {scheme} {host} (name only) {port}
+                                        # {netloc} (host:port as requested) {path.NAME} {body.FIELD}
+                                        # {external_id} {idempotency_key} {operation_id} {submitted_at}
+          headers: {Authorization: "Bearer ${DEV_API_KEY}"}  # ${VAR} from the environment, never stored
+          items: $.items                # search: where the list is (default: the response is the list)
+          match: {$.title: $.title}     # candidate's field: the original request body's field
+          id: $.id                      # candidate's id
+          settle: 30s                   # no absence verdict before this long after submission
+          attempts: 3                   # failed reads (error, timeout, non-2xx) before manual_review;
+                                        # each failed read leaves the receipt outcome_unknown, retried with backoff
+          absent_means: safe_to_retry   # only with retry_safe; for DELETE a rule may say succeeded
+"""
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("30s", 30.0), ("15m", 900.0), ("24h", 86400.0), ("2d", 172800.0), ("500ms", 0.5), ("1.5h", 5400.0),
+    (" 10s ", 10.0), ("0s", 0.0), (5, 5.0), (2.5, 2.5), (0, 0.0),
+])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "10", "10 sec", "s", "-5s", "1w", "1.2.3s", -1, True, None, [30]])
+def test_parse_duration_refuses(bad):
+    with pytest.raises(ValueError, match="invalid duration"):
+        parse_duration(bad)
+
+
+@pytest.mark.parametrize("text, size", [
+    (65536, 65536), ("65536", 65536), ("64KiB", 65536), ("64kib", 65536), ("1MiB", 1048576), ("1kb", 1000),
+    ("2MB", 2_000_000), ("10 b", 10), ("0", 0),
+])
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("bad", ["", "-1", -1, "1GB", "abc", "1.5MiB", "KiB", True, None])
+def test_parse_size_refuses(bad):
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(bad)
+
+
+def test_the_contract_example_config_parses():
+    cfg = parse_config(CONTRACT_EXAMPLE)
+    assert cfg.database.url == "sqlite:///receipts.db"
+    assert (cfg.defaults.upstream_timeout, cfg.defaults.unknown_statuses) == (30.0, [500, 502, 503, 504])
+    assert (cfg.defaults.after_success.policy, cfg.defaults.after_success.window) == ("replay", 900.0)
+    host = cfg.hosts["api.example.com"]
+    assert (host.upstream_timeout, host.inject_idempotency_key) == (10.0, False)
+    (op,) = host.operations
+    assert (op.name, op.method, op.path, op.external_id, op.retry_safe) == (
+        "articles.create", "POST", "/api/articles", "$.id", True)
+    assert [p.text for p in op.fingerprint.fields] == ["$.title", "$.body_markdown"]
+    r = op.reconcile
+    assert (r.strategy, r.url, r.items.text, r.match, r.id.text) == (
+        "search", "{scheme}://{netloc}/api/articles?per_page=30", "$.items", {"$.title": "$.title"}, "$.id")
+    assert (r.settle, r.attempts, r.absent_means) == (30.0, 3, "safe_to_retry")
+    assert r.headers == {"Authorization": "Bearer ${DEV_API_KEY}"}  # expanded only when used, never stored
+
+
+def test_empty_file_is_all_defaults():
+    cfg = parse_config("")
+    assert cfg.hosts == {} and cfg.defaults.after_success.policy == "replay" and not cfg.proxy.fail_open
+
+
+HOST = "hosts:\n  api.example.com:\n"
+OP = HOST + "    operations:\n      - name: a\n        method: POST\n        path: /a\n"
+
+
+@pytest.mark.parametrize("text, key", [
+    ("defaults:\n  upstrem_timeout: 10s\n", "defaults.upstrem_timeout"),
+    ("databse:\n  url: x\n", "databse"),
+    (HOST + "    operations: []\n    colour: blue\n", "hosts.api.example.com.colour"),
+    (HOST + "    inject_idempotency_key: maybe\n", "hosts.api.example.com.inject_idempotency_key"),
+    (HOST + "    unknown_statuses: [500, 700]\n", "hosts.api.example.com.unknown_statuses.1"),
+    (HOST + "    upstream_timeout: 10 sec\n", "hosts.api.example.com.upstream_timeout"),
+    ("defaults:\n  after_success: {policy: replay, window: forever}\n", "defaults.after_success.window"),
+    ("defaults:\n  after_success: {policy: maybe}\n", "defaults.after_success.policy"),
+    ("proxy:\n  max_stored_body: lots\n", "proxy.max_stored_body"),
+    (OP + "        external_id: id\n", "hosts.api.example.com.operations.0.external_id"),
+    (OP + "        fingerprint: {fields: [title]}\n", "hosts.api.example.com.operations.0.fingerprint.fields.0"),
+    (OP + "        reconcile: {strategy: search, url: 'https://x/', match: {title: $.title}}\n",
+     "hosts.api.example.com.operations.0.reconcile.match"),
+    (OP.replace("path: /a", "path: '/a/{id'"), "hosts.api.example.com.operations.0.path"),
+    (OP.replace("path: /a", "path: 'a/{id}'"), "hosts.api.example.com.operations.0.path"),
+    (OP.replace("path: /a", "path: '/a/{id}/{id}'"), "hosts.api.example.com.operations.0.path"),
+    (OP.replace("method: POST", "method: GET"), "hosts.api.example.com.operations.0.method"),
+    (OP + "        reconcile: {strategy: lookup, url: 'https://x/{nope}'}\n",
+     "hosts.api.example.com.operations.0.reconcile.url"),
+    (OP + "        reconcile: {strategy: lookup}\n", "hosts.api.example.com.operations.0.reconcile"),
+    (OP + "        retry_safe: true\n        reconcile: {strategy: lookup, url: 'https://x/{external_id}', "
+     "absent_means: succeeded}\n", "hosts.api.example.com.operations.0"),
+])
+def test_invalid_config_is_one_line_naming_the_key(text, key):
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="config.yaml")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"config.yaml: {key}: "), message
+
+
+def test_absent_means_succeeded_is_for_delete_only():
+    rule = "        reconcile: {strategy: lookup, url: 'https://x/{external_id}', absent_means: succeeded}\n"
+    with pytest.raises(ConfigError, match="absent_means: succeeded is only allowed for DELETE"):
+        parse_config(OP + rule)
+    deleting = parse_config(OP.replace("method: POST", "method: DELETE") + rule)
+    assert deleting.hosts["api.example.com"].operations[0].reconcile.absent_means == "succeeded"
+    # without retry_safe, the default "absence means safe to retry" is handed to a person instead
+    lookup = parse_config(OP + "        reconcile: {strategy: lookup, url: 'https://x/{external_id}'}\n")
+    assert lookup.hosts["api.example.com"].operations[0].reconcile.absent_means == "manual_review"
+
+
+@pytest.mark.parametrize("text, line", [
+    ("database:\n  url: sqlite:///x.db\ndefaults:\n  upstream_timeout: [30s\n  unknown: 1\n", 5),
+    ("a: b\n c: d\n", 2),
+    ("hosts:\n\t- x\n", 2),
+])
+def test_invalid_yaml_names_the_line(text, line):
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="c.yaml")
+    assert "\n" not in str(err.value) and str(err.value).startswith(f"c.yaml: line {line}: invalid YAML")
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n"])
+def test_top_level_must_be_a_mapping(text):
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        parse_config(text)
+
+
+def test_load_config_reads_a_file_and_names_a_missing_one(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(CONTRACT_EXAMPLE)
+    assert load_config(path).hosts["api.example.com"].upstream_timeout == 10.0
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path / "nope.yaml")
+    assert "\n" not in str(err.value) and "nope.yaml" in str(err.value)
+
+
+POLICY = """\
+defaults:
+  upstream_timeout: 30s
+  unknown_statuses: [502]
+  redact_headers: [X-Default-Token]
+  redact_fields: [password]
+hosts:
+  API.example.com:
+    upstream_timeout: 10s
+    redact_headers: [X-Host-Token]
+    redact_fields: [ssn]
+    after_success: {policy: refuse, window: 1h}
+  "api.example.com:8443":
+    unknown_statuses: [500, 503]
+  "other.example.com:8080": {}
+"""
+
+
+@pytest.mark.parametrize("host, port, timeout, statuses, policy", [
+    ("api.example.com", 443, 10.0, {502}, "refuse"),
+    ("API.EXAMPLE.COM", 443, 10.0, {502}, "refuse"),
+    ("api.example.com", 8443, 30.0, {500, 503}, "replay"),  # host:port wins; the rest from defaults
+    ("other.example.com", 8080, 30.0, {502}, "replay"),
+    ("unknown.example.com", 443, 30.0, {502}, "replay"),
+])
+def test_policy_for_merges_defaults_and_host(host, port, timeout, statuses, policy):
+    p = parse_config(POLICY).policy_for(host, port)
+    assert (p.upstream_timeout, p.unknown_statuses, p.after_success.policy) == (timeout, statuses, policy)
+    assert p.connect_timeout == 10.0 and p.idempotency_key_header == "Idempotency-Key"
+
+
+def test_policy_redaction_adds_to_builtins_and_is_cached():
+    cfg = parse_config(POLICY)
+    p = cfg.policy_for("api.example.com", 443)
+    assert p.redact_headers == frozenset([*BUILTIN_SECRET_HEADERS, "x-default-token", "x-host-token"])
+    assert p.redact_fields == {"password", "ssn"}
+    assert cfg.policy_for("unknown.example.com", 1).redact_fields == {"password"}
+    assert cfg.policy_for("API.example.com", 443) is p
+
+
+ROUTES = parse_config("""\
+hosts:
+  h:
+    operations:
+      - {name: list.create, method: POST, path: /api/articles}
+      - {name: article.update, method: PUT, path: "/api/articles/{id}"}
+      - {name: comment.create, method: POST, path: "/api/articles/{id}/comments"}
+      - {name: comment.delete, method: DELETE, path: "/api/articles/{article_id}/comments/{comment_id}"}
+      - {name: file.put, method: PUT, path: "/files/{name}.json"}
+      - {name: versioned, method: POST, path: /api/v1.0/items}
+""").policy_for("h", 443)
+
+
+@pytest.mark.parametrize("method, path, name, params", [
+    ("POST", "/api/articles", "list.create", {}),
+    ("POST", "/api/articles/", "list.create", {}),
+    ("PUT", "/api/articles/42", "article.update", {"id": "42"}),
+    ("PUT", "/api/articles/a%2Fb", "article.update", {"id": "a%2Fb"}),
+    ("POST", "/api/articles/42/comments", "comment.create", {"id": "42"}),
+    ("DELETE", "/api/articles/7/comments/9", "comment.delete", {"article_id": "7", "comment_id": "9"}),
+    ("PUT", "/files/report.json", "file.put", {"name": "report"}),
+    ("POST", "/api/v1.0/items", "versioned", {}),
+    ("PUT", "/api/articles/42/extra", None, None),
+    ("PUT", "/api/articles/", None, None),
+    ("PUT", "/api/articles/a/b", None, None),
+    ("DELETE", "/api/articles/7/comments", None, None),
+    ("GET", "/api/articles", None, None),
+    ("PATCH", "/api/articles/42", None, None),
+    ("POST", "/api/v1x0/items", None, None),
+    ("POST", "/prefix/api/articles", None, None),
+])
+def test_match_operation_one_segment_per_placeholder(method, path, name, params):
+    found = ROUTES.match_operation(method, path)
+    assert (found and (found[0].name, found[1])) == ((name, params) if name else None)
+
+
+@pytest.mark.parametrize("template", ["/a/{id", "/a/id}", "/a/{id}/{id}", "/a/{1x}"])
+def test_malformed_path_templates_are_refused(template):
+    with pytest.raises(ValueError):
+        compile_path_template(template)

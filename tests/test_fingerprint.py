@@ -1,0 +1,273 @@
+"""The intent fingerprint, body redaction, header redaction and account hashing, as parametrized tables."""
+
+import hashlib
+import json
+import os
+import re
+import stat
+from urllib.parse import parse_qsl
+
+import pytest
+from mitmproxy.net.http.multipart import encode_multipart
+from pydantic import ValidationError
+
+from proxy_addon.account import ANONYMOUS, SECRET_ENV, AccountHasher, load_or_create_key
+from proxy_addon.config import BUILTIN_SECRET_HEADERS, DEFAULT_REDACT_FIELDS, FingerprintRule
+from proxy_addon.exceptions import ConfigError
+from proxy_addon.fingerprint import REDACTED, analyse_body, canonical_json, intent_fingerprint, redact_headers
+
+RF = frozenset(DEFAULT_REDACT_FIELDS)
+JSON = "application/json"
+FORM = "application/x-www-form-urlencoded"
+FORMAT = re.compile(r"^sha256:[0-9a-f]{64}$")
+BASE = {"method": "POST", "host": "api.example.com", "port": 443, "path": "/api/articles", "query": []}
+
+
+def fingerprint(body: bytes = b"", ct: str | None = JSON, rule: FingerprintRule | None = None, **target) -> str:
+    t = {**BASE, **target}
+    return intent_fingerprint(t["method"], t["host"], t["port"], t["path"], t["query"], analyse_body(ct, body, RF, rule))
+
+
+@pytest.mark.parametrize("a, b", [
+    (b'{"a":1,"b":2}', b'{"b": 2, "a": 1}'),
+    (b'{"n": 1}', b'{"n": 1.0}'),
+    (b'{"n": 1}', b'{"n": 1e0}'),
+    (b'{"n": 100}', b'{"n": 1E2}'),
+    (b'{"n": 0.5}', b'{"n": 0.50}'),
+    (b'{"n": 1e30}', b'{"n": 1000000000000000000000000000000}'),
+    (b'{"x": {"b": [1, 2], "a": null}}', b'\n{ "x" : { "a" : null , "b" : [ 1 , 2.0 ] } }\n'),
+    (b'{"s": "\\u00fc"}', '{"s": "ü"}'.encode()),
+])
+def test_equivalent_json_has_one_fingerprint(a, b):
+    assert fingerprint(a) == fingerprint(b)
+
+
+@pytest.mark.parametrize("a, b", [
+    (b'{"title": "Hello"}', b'{"title": "Hello!"}'),
+    (b'{"n": 1}', b'{"n": "1"}'),
+    (b'{"n": 1}', b'{"n": 1.5}'),
+    (b'{"n": 0.3}', b'{"n": 0.30000000000000004}'),
+    (b'{"a": true}', b'{"a": 1}'),
+    (b'{"a": null}', b"{}"),
+    (b'{"tags": ["a", "b"]}', b'{"tags": ["b", "a"]}'),
+    (b'{"a": {"b": 1}}', b'{"a": {"b": 1, "c": 2}}'),
+    (b"[1, 2]", b"[1, 2, 3]"),
+])
+def test_near_duplicate_payloads_differ(a, b):
+    assert fingerprint(a) != fingerprint(b)
+
+
+@pytest.mark.parametrize("change, same", [
+    ({"method": "PUT"}, False),
+    ({"method": "post"}, True),
+    ({"host": "api.example.org"}, False),
+    ({"host": "API.Example.COM"}, True),
+    ({"port": 8443}, False),
+    ({"path": "/api/articles/1"}, False),
+    ({"path": "/API/articles"}, False),
+    ({"query": [("draft", "1")]}, False),
+])
+def test_target_is_part_of_the_intent(change, same):
+    body = b'{"title": "T"}'
+    assert (fingerprint(body, **change) == fingerprint(body)) is same
+
+
+def test_query_order_does_not_matter_but_values_do():
+    assert fingerprint(query=[("a", "1"), ("b", "2")]) == fingerprint(query=[("b", "2"), ("a", "1")])
+    assert fingerprint(query=[("a", "1")]) != fingerprint(query=[("a", "2")])
+
+
+@pytest.mark.parametrize("body, ct", [
+    (b'{"a": 1}', JSON), (b"a=1&b=2", FORM), (b"\x00\xff" * 10, "application/octet-stream"), (b"", None),
+])
+def test_format_is_sha256_hex(body, ct):
+    assert FORMAT.match(fingerprint(body, ct))
+
+
+@pytest.mark.parametrize("a, b, same", [
+    (b"a=1&b=2", b"b=2&a=1", True),
+    (b"a=hello+world", b"a=hello%20world", True),
+    (b"a=1&b=", b"b=&a=1", True),
+    (b"a=1", b"a=2", False),
+    (b"a=1", b"a=1&b=2", False),
+])
+def test_form_pairs_are_sorted(a, b, same):
+    assert (fingerprint(a, FORM) == fingerprint(b, FORM)) is same
+
+
+def multipart(boundary: str, parts: list[tuple[bytes, bytes]]) -> tuple[str, bytes]:
+    ct = f"multipart/form-data; boundary={boundary}"
+    return ct, encode_multipart(ct, parts)
+
+
+def test_multipart_ignores_the_boundary_and_redacts_secret_parts():
+    a = multipart("AAAA", [(b"title", b"hi"), (b"file", b"\x89PNG..."), (b"password", b"hunter2")])
+    b = multipart("zz-other-123", [(b"password", b"other"), (b"title", b"hi"), (b"file", b"\x89PNG...")])
+    c = multipart("AAAA", [(b"title", b"hi"), (b"file", b"\x89PNG!!!"), (b"password", b"hunter2")])
+    assert a[1] != b[1] and fingerprint(a[1], a[0]) == fingerprint(b[1], b[0])
+    assert fingerprint(a[1], a[0]) != fingerprint(c[1], c[0])
+    body = analyse_body(a[0], a[1], RF)
+    assert body.kind == "multipart" and b"hunter2" not in body.stored and ["password", REDACTED] in body.identity
+
+
+SECRET = "hunter2-s3cr3t"
+
+
+@pytest.mark.parametrize("document, where", [
+    ({"password": SECRET, "title": "T"}, ["password"]),
+    ({"user": {"Password": SECRET}}, ["user", "Password"]),
+    ({"items": [{"id": 1}, {"token": SECRET}]}, ["items", 1, "token"]),
+    ({"a": [[{"API_KEY": SECRET}]]}, ["a", 0, 0, "API_KEY"]),
+    ({"secret": {"nested": SECRET, "n": 1}}, ["secret"]),
+])
+def test_secret_fields_are_redacted_at_any_depth(document, where):
+    raw = json.dumps(document).encode()
+    body = analyse_body(JSON, raw, RF)
+    assert body.kind == "json" and b'"[REDACTED]"' in body.stored
+    for text in (body.stored.decode(), canonical_json(body.identity), json.dumps(body.document)):
+        assert SECRET not in text
+    stored = json.loads(body.stored)
+    for key in where:
+        stored = stored[key]
+    assert stored == REDACTED
+    changed = raw.replace(SECRET.encode(), b"another-secret")
+    assert fingerprint(raw) == fingerprint(changed)  # redacted before it is hashed
+
+
+def test_configured_redact_fields_and_forms():
+    body = analyse_body(JSON, json.dumps({"ssn": SECRET, "password": "kept"}).encode(), frozenset({"ssn"}))
+    assert json.loads(body.stored) == {"ssn": REDACTED, "password": "kept"}
+    form = analyse_body(FORM, f"a=1&Password={SECRET}".encode(), RF)
+    assert parse_qsl(form.stored.decode()) == [("a", "1"), ("Password", REDACTED)]
+    assert SECRET not in form.stored.decode() and SECRET not in repr(form.identity)
+
+
+@pytest.mark.parametrize("ct, body", [
+    (JSON, f'{{"password": "{SECRET}",'.encode()),
+    ("application/vnd.api+json", b"{not json"),
+    (JSON, b'{"a": "\xff\xfe"}'),
+    (JSON, b"[" * 100_000),
+    (FORM, f"password={SECRET}&&&\xff".encode("latin-1")),
+    ("multipart/form-data; boundary=a", b'--a\r\nContent-Disposition: form-data; name="password"\r\n' + SECRET.encode()),
+])
+def test_unparsable_structured_body_is_bytes_with_a_note_and_stored_redacted(ct, body):
+    got = analyse_body(ct, body, RF)
+    assert got.kind == "bytes" and got.note and "fingerprinted as bytes" in got.note
+    assert got.identity == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
+    assert got.stored == REDACTED.encode()  # its secret fields cannot be found, so none of it is kept
+    assert FORMAT.match(fingerprint(body, ct)) and fingerprint(body, ct) != fingerprint(body + b" ", ct)
+
+
+@pytest.mark.parametrize("ct, body, kind", [
+    ("application/octet-stream", bytes(range(256)) * 4, "bytes"),
+    ("text/plain", b"caf\xe9 \xff\xfe", "bytes"),
+    (None, b'{"looks": "like json"}', "bytes"),
+    (JSON, b"", "empty"),
+    (None, b"", "empty"),
+    (JSON, json.dumps([{"i": i, "text": "x" * 100} for i in range(20_000)]).encode(), "json"),
+    ("application/octet-stream", os.urandom(5 * 1024 * 1024), "bytes"),
+])
+def test_binary_empty_non_utf8_and_large_bodies(ct, body, kind):
+    got = analyse_body(ct, body, RF)
+    assert got.kind == kind
+    if kind == "bytes":
+        assert got.stored == body and got.identity["size"] == len(body)
+    if kind == "empty":
+        assert (got.identity, got.stored) == (None, b"")
+    assert fingerprint(body, ct) == fingerprint(body, ct)
+    assert (fingerprint(body, ct) == fingerprint(b"", ct)) is (kind == "empty")
+
+
+ARTICLE = {"title": "T", "body_markdown": "B", "published_at": "2026-01-01", "client_ts": 1, "meta": {"trace": "x"}}
+
+
+@pytest.mark.parametrize("rule, change, same", [
+    ({"fields": ["$.title", "$.body_markdown"]}, {"published_at": "2027-01-01", "extra": 1}, True),
+    ({"fields": ["$.title", "$.body_markdown"]}, {"title": "T2"}, False),
+    ({"fields": ["$.title", "$.body_markdown"]}, {"body_markdown": None}, False),
+    ({"exclude": ["$.client_ts", "$.meta.trace"]}, {"client_ts": 2, "meta": {"trace": "y"}}, True),
+    ({"exclude": ["$.client_ts", "$.meta.trace"]}, {"title": "T2"}, False),
+    ({"exclude": ["$.client_ts"]}, {"meta": {"trace": "y"}}, False),
+])
+def test_fingerprint_rule_allowlist_and_exclude(rule, change, same):
+    r = FingerprintRule.model_validate(rule)
+    a, b = json.dumps(ARTICLE).encode(), json.dumps({**ARTICLE, **change}).encode()
+    assert (fingerprint(a, rule=r) == fingerprint(b, rule=r)) is same
+    assert analyse_body(JSON, b, RF, r).stored == canonical_json({**ARTICLE, **change}).encode()  # all stored
+
+
+def test_fingerprint_rule_takes_fields_or_exclude_not_both():
+    with pytest.raises(ValidationError):
+        FingerprintRule.model_validate({"fields": ["$.a"], "exclude": ["$.b"]})
+
+
+def test_redact_headers_keeps_names_and_hides_values():
+    secret_headers = frozenset([*BUILTIN_SECRET_HEADERS, "x-custom-token"])
+    got = redact_headers([("Authorization", f"Bearer {SECRET}"), ("Content-Type", JSON), ("Cookie", SECRET),
+                          ("X-Custom-Token", SECRET), ("Proxy-Authorization", SECRET), ("Accept", "a"),
+                          ("accept", "b")], secret_headers)
+    assert got == {"authorization": REDACTED, "content-type": JSON, "cookie": REDACTED, "x-custom-token": REDACTED,
+                   "proxy-authorization": REDACTED, "accept": "a, b"}
+    assert SECRET not in json.dumps(got)
+
+
+CREDS = frozenset(BUILTIN_SECRET_HEADERS)
+KEY = b"k" * 64
+
+
+def account(headers: list[tuple[str, str]], key: bytes = KEY) -> str:
+    return AccountHasher(key).account_of(headers, CREDS)
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ([("Authorization", "Bearer one")], [("Authorization", "Bearer one")], True),
+    ([("Authorization", "Bearer one")], [("authorization", "Bearer one"), ("Accept", "x")], True),
+    ([("Authorization", "Bearer one")], [("Authorization", "Bearer two")], False),
+    ([("Authorization", "x"), ("Cookie", "c")], [("Cookie", "c"), ("Authorization", "x")], True),
+    ([("Authorization", "x")], [("Cookie", "x")], False),
+    ([("X-Api-Key", "x"), ("Proxy-Authorization", "p1")], [("X-Api-Key", "x"), ("Proxy-Authorization", "p2")], True),
+])
+def test_account_is_a_keyed_hash_of_the_credentials(a, b, same):
+    assert (account(a) == account(b)) is same
+    assert re.fullmatch(r"acct:[0-9a-f]{40}", account(a))
+
+
+@pytest.mark.parametrize("headers", [[], [("Accept", "x")], [("Proxy-Authorization", "Basic cHJveHk=")]])
+def test_no_credential_is_anonymous(headers):
+    assert account(headers) == ANONYMOUS
+
+
+def test_account_depends_on_the_key_and_never_shows_the_secret():
+    headers = [("Authorization", f"Bearer {SECRET}")]
+    assert account(headers) != account(headers, key=b"q" * 64)
+    assert SECRET not in account(headers) and "Bearer" not in account(headers)
+
+
+def test_load_or_create_key_makes_a_private_file_and_reuses_it(tmp_path, monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    path = tmp_path / "secret"
+    old_umask = os.umask(0)  # the mode must not depend on a permissive umask
+    try:
+        key = load_or_create_key(path)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(key) >= 32
+    assert load_or_create_key(path) == key and path.read_text().strip().encode() == key
+    assert load_or_create_key(tmp_path / "other") != key
+
+
+def test_secret_env_wins_over_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, "shared-by-every-replica-0123456789")
+    assert load_or_create_key(tmp_path / "secret") == b"shared-by-every-replica-0123456789"
+    assert not (tmp_path / "secret").exists()
+
+
+@pytest.mark.parametrize("setup", ["short", "no-dir"])
+def test_unusable_secret_file_is_one_config_error(tmp_path, monkeypatch, setup):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    path = tmp_path / "secret" if setup == "short" else tmp_path / "missing" / "secret"
+    if setup == "short":
+        path.write_text("too-short")
+    with pytest.raises(ConfigError) as err:
+        load_or_create_key(path)
+    assert "\n" not in str(err.value) and str(path) in str(err.value)
