@@ -48,6 +48,11 @@ def analyse_body(
         return _form_identity(body, redact_fields)
     if mime.startswith("multipart/form-data"):
         return _multipart_identity(content_type or "", body, redact_fields)
+    if not mime and body.lstrip()[:1] in (b"{", b"["):
+        # undeclared JSON is still JSON: canonicalise and redact it rather than store its secrets raw
+        sniffed = _json_identity(body, redact_fields, rule)
+        if sniffed.kind == "json":
+            return sniffed
     return _bytes_identity(body)
 
 

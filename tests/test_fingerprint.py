@@ -161,7 +161,7 @@ def test_unparsable_structured_body_is_bytes_with_a_note_and_stored_redacted(ct,
 @pytest.mark.parametrize("ct, body, kind", [
     ("application/octet-stream", bytes(range(256)) * 4, "bytes"),
     ("text/plain", b"caf\xe9 \xff\xfe", "bytes"),
-    (None, b'{"looks": "like json"}', "bytes"),
+    (None, b'{"looks": "like json"}', "json"),  # undeclared JSON is sniffed, so its secrets are redacted
     (JSON, b"", "empty"),
     (None, b"", "empty"),
     (JSON, json.dumps([{"i": i, "text": "x" * 100} for i in range(20_000)]).encode(), "json"),
@@ -271,3 +271,11 @@ def test_unusable_secret_file_is_one_config_error(tmp_path, monkeypatch, setup):
     with pytest.raises(ConfigError) as err:
         load_or_create_key(path)
     assert "\n" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_undeclared_json_is_redacted_like_declared_json():
+    body = b'{"title": "t", "password": "undeclared-secret"}'
+    sniffed = analyse_body(None, body, frozenset({"password"}))
+    assert sniffed.kind == "json"
+    assert b"undeclared-secret" not in sniffed.stored
+    assert analyse_body(None, b"{not json", frozenset({"password"})).kind == "bytes"
