@@ -190,10 +190,30 @@ class Receipts:
             facts, policy, self.hasher, self.instance_id, self.config.proxy.max_stored_body, key, operation_id
         )
         planned = self.store.record_intent(intent, policy.after_success)
-        submitted = self.store.transition(
-            planned.operation_id, State.PLANNED, State.SUBMITTED, {"who": self.instance_id}
-        )
+        try:
+            submitted = self.store.transition(
+                planned.operation_id, State.PLANNED, State.SUBMITTED, {"who": self.instance_id}
+            )
+        except JournalUnavailableError:
+            self._abandon_planned(planned.operation_id)
+            raise
         return submitted, rule
+
+    def _abandon_planned(self, operation_id: str) -> None:
+        """The request will not be sent: close its `planned` receipt, or the retry that the 503 invites
+        would be refused as a duplicate of it for as long as this instance lives (recovery is for dead ones)."""
+        assert self.store
+        try:
+            self.store.transition(
+                operation_id,
+                State.PLANNED,
+                State.REJECTED,
+                {"who": self.instance_id, "error": "not_sent"},
+                error_code="not_sent",
+                error_message="the receipt could not be marked submitted, so the request was not sent",
+            )
+        except ReceiptsError as e:
+            log.error("planned_receipt_left_open", operation_id=operation_id, error=str(e))
 
     async def _record_verdict(
         self, receipt: ReceiptRecord, result: SendResult, verdict: Verdict, policy: HostPolicy

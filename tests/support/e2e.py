@@ -1,0 +1,189 @@
+"""Helpers for the end-to-end tests: module-wide databases, upstreams on chosen ports or over TLS,
+httpx clients through the proxy, reading receipts back, and stopping processes started by a test."""
+
+import datetime
+import ipaddress
+import ssl
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import psycopg
+from alembic import command
+from sqlalchemy.engine import make_url
+
+from proxy_addon.db import alembic_config, make_engine
+from proxy_addon.store import ReceiptRecord, ReceiptStore
+from support.upstream import Received, Upstream, _Handler
+
+PROBLEM_JSON = "application/problem+json"
+SHA256_PREFIX = "sha256:"
+
+
+def tag() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def migrate(url: str) -> None:
+    command.upgrade(alembic_config(url), "head")
+
+
+def _libpq(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@contextmanager
+def pg_database(server_url: str) -> Iterator[str]:
+    """A fresh database on the PostgreSQL server for a whole module, dropped afterwards."""
+    name = f"receipts_e2e_{uuid.uuid4().hex[:12]}"
+    admin = psycopg.connect(_libpq(server_url), autocommit=True)
+    admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (name,),
+        )
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.close()
+
+
+def pg_rows_as_text(url: str) -> str:
+    """Every row of every receipts table, as PostgreSQL renders it to text; bytea columns (shown as hex
+    there) also in escape form, so that text inside stored bodies can be searched."""
+    with psycopg.connect(_libpq(url)) as conn:
+        chunks = []
+        for table in ("receipts", "receipt_transitions", "proxy_instances"):
+            chunks += [row[0] for row in conn.execute(f"SELECT t::text FROM {table} t")]
+        for row in conn.execute(
+            "SELECT coalesce(encode(request_body, 'escape'), ''), coalesce(encode(response_body, 'escape'), '') FROM receipts"
+        ):
+            chunks += list(row)
+    return "\n".join(chunks)
+
+
+@contextmanager
+def open_store(url: str) -> Iterator[ReceiptStore]:
+    engine = make_engine(url)
+    try:
+        yield ReceiptStore(engine)
+    finally:
+        engine.dispose()
+
+
+def receipts_for(store: ReceiptStore, path: str) -> list[ReceiptRecord]:
+    return [r for r in store.list_receipts(limit=None) if r.path == path]
+
+
+def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.1) -> object:
+    """Poll `condition` until it returns something truthy; bounded in time. Returns the last value."""
+    deadline = time.monotonic() + timeout
+    value = condition()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval)
+        value = condition()
+    return value
+
+
+def proxy_client(proxy_url: str, **kw) -> httpx.Client:
+    kw.setdefault("timeout", 30.0)
+    return httpx.Client(proxy=proxy_url, trust_env=False, **kw)
+
+
+def received(up: Upstream, path: str) -> list[Received]:
+    with up.lock:
+        return [r for r in up.received if r.path.split("?")[0] == path]
+
+
+def start_upstream_on(port: int = 0, ssl_context: ssl.SSLContext | None = None) -> Upstream:
+    """Like support.upstream.start_upstream, on a chosen port and optionally behind TLS."""
+    handler = type("Handler", (_Handler,), {"idle_timeout": None})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    if ssl_context is not None:
+        server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    up = Upstream(server, thread)
+    handler.upstream = up
+    thread.start()
+    return up
+
+
+def self_signed_server_context(directory: Path) -> ssl.SSLContext:
+    """A TLS server context with a fresh self-signed certificate for 127.0.0.1."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "upstream-cert.pem", directory / "upstream-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path, key_path)
+    return context
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited in time; only ever the process this test started."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+@contextmanager
+def failing_receipt_writes(url: str, event: str, when: str | None = None) -> Iterator[None]:
+    """While inside, the database itself refuses `event` (INSERT or UPDATE) on `receipts` rows matching
+    `when` (SQL on NEW), through a trigger: a journal that cannot be written, on SQLite or PostgreSQL."""
+    engine = make_engine(url)
+    name = "receipts_test_refuse_write"
+    condition = f"WHEN ({when})" if when else ""
+    try:
+        with engine.begin() as conn:
+            if engine.dialect.name == "sqlite":
+                conn.exec_driver_sql(
+                    f"CREATE TRIGGER {name} BEFORE {event} ON receipts {condition} "
+                    "BEGIN SELECT RAISE(ABORT, 'simulated journal failure'); END"
+                )
+            else:
+                conn.exec_driver_sql(
+                    f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'simulated journal failure'; END $$"
+                )
+                conn.exec_driver_sql(
+                    f"CREATE TRIGGER {name} BEFORE {event} ON receipts FOR EACH ROW {condition} EXECUTE FUNCTION {name}()"
+                )
+        yield
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name}" + ("" if engine.dialect.name == "sqlite" else " ON receipts"))
+            if engine.dialect.name != "sqlite":
+                conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {name}()")
+        engine.dispose()
