@@ -54,6 +54,8 @@ class Receipts:
         self.executor: ThreadPoolExecutor | None = None
         self.instance_id = new_instance_id()
         self.liveness: InstanceLiveness | None = None
+        # operation ids this process is working on; its other planned/submitted receipts are orphans
+        self.in_flight: set[str] = set()
         self._tasks: list[asyncio.Task[Any]] = []
 
     # -- mitmproxy lifecycle ----------------------------------------------------------------------------
@@ -89,7 +91,11 @@ class Receipts:
         if self.executor is None:
             self.executor = ThreadPoolExecutor(config.proxy.journal_threads, thread_name_prefix="receipts-journal")
         self.liveness = InstanceLiveness(
-            self.store, self.instance_id, config.proxy.heartbeat_interval, config.proxy.instance_dead_after
+            self.store,
+            self.instance_id,
+            config.proxy.heartbeat_interval,
+            config.proxy.instance_dead_after,
+            in_flight=lambda: frozenset(self.in_flight),
         )
         self._new_sender()
 
@@ -149,8 +155,22 @@ class Receipts:
         policy = self.config.policy_for(facts.host, facts.port)
         agent_key = flow.request.headers.get(policy.idempotency_key_header)
         loop = asyncio.get_running_loop()
+        operation_id = new_operation_id()
+        self.in_flight.add(operation_id)
         try:
-            receipt, rule = await loop.run_in_executor(self.executor, self._record, facts, policy, agent_key)
+            await self._journal_and_send_as(flow, facts, policy, agent_key, operation_id)
+        finally:
+            self.in_flight.discard(operation_id)
+
+    async def _journal_and_send_as(
+        self, flow: http.HTTPFlow, facts: RequestFacts, policy: HostPolicy, agent_key: str | None, operation_id: str
+    ) -> None:
+        assert self.sender and self.executor
+        loop = asyncio.get_running_loop()
+        try:
+            receipt, rule = await loop.run_in_executor(
+                self.executor, self._record, facts, policy, agent_key, operation_id
+            )
         except DuplicateOpenError as e:
             return self._refuse(flow, problems.duplicate_open(e.operation_id, e.state), e, "duplicate_open")
         except IdempotencyKeyMismatchError as e:
@@ -180,11 +200,10 @@ class Receipts:
             flow.metadata[METADATA_KEY] = {"operation_id": receipt.operation_id, "state": state}
 
     def _record(
-        self, facts: RequestFacts, policy: HostPolicy, agent_key: str | None
+        self, facts: RequestFacts, policy: HostPolicy, agent_key: str | None, operation_id: str
     ) -> tuple[ReceiptRecord, OperationRule | None]:
         """Runs in the journal thread pool: fingerprint, decide, commit planned, commit submitted."""
         assert self.config and self.store and self.hasher
-        operation_id = new_operation_id()
         key = agent_key if agent_key is not None else (operation_id if policy.inject_idempotency_key else None)
         intent, rule = build_intent(
             facts, policy, self.hasher, self.instance_id, self.config.proxy.max_stored_body, key, operation_id

@@ -10,6 +10,7 @@ import asyncio
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 from proxy_addon.exceptions import JournalUnavailableError
@@ -45,8 +46,16 @@ def process_namespace() -> str:
 
 
 class InstanceLiveness:
-    def __init__(self, store: ReceiptStore, instance_id: str, heartbeat_interval: float, dead_after: float):
+    def __init__(
+        self,
+        store: ReceiptStore,
+        instance_id: str,
+        heartbeat_interval: float,
+        dead_after: float,
+        in_flight: Callable[[], frozenset[str]] | None = None,
+    ):
         self.store = store
+        self.in_flight = in_flight
         self.instance_id = instance_id
         self.heartbeat_interval = heartbeat_interval
         self.dead_after = dead_after
@@ -80,6 +89,23 @@ class InstanceLiveness:
                 )
         return changed
 
+    async def sweep_own_orphans(self, executor: Executor, in_flight: Callable[[], frozenset[str]]) -> int:
+        """This live instance's receipts that no request works on any more (a verdict that could not be written).
+
+        The in-flight snapshot is taken after the database was read: a request still working on a listed
+        receipt is then in the snapshot, and one that finished in between has moved it on, so the
+        compare-and-set skips it. A request started later is not in the list at all."""
+        loop = asyncio.get_running_loop()
+        unsettled = await loop.run_in_executor(executor, self.store.unsettled_of, self.instance_id)
+        if not unsettled:
+            return 0
+        busy = in_flight()
+        orphans = [(op, state) for op, state in unsettled if op not in busy]
+        recovered = await loop.run_in_executor(executor, self.store.settle_orphans, self.instance_id, orphans)
+        for r in recovered:
+            log.warning("receipt_orphan_settled", operation_id=r.operation_id, from_state=r.from_state, to_state=r.to_state)
+        return len(recovered)
+
     async def run(self, executor: Executor) -> None:
         """Heartbeat and sweep forever; a database outage is logged and retried, never fatal."""
         loop = asyncio.get_running_loop()
@@ -87,6 +113,8 @@ class InstanceLiveness:
             try:
                 await loop.run_in_executor(executor, self.store.heartbeat, self.instance_id)
                 await loop.run_in_executor(executor, self.sweep)
+                if self.in_flight is not None:
+                    await self.sweep_own_orphans(executor, self.in_flight)
             except JournalUnavailableError as e:
                 log.error("heartbeat_failed", error=str(e))
             await asyncio.sleep(self.heartbeat_interval)

@@ -394,33 +394,14 @@ class ReceiptStore:
 
     def recover_instance(self, dead_instance: str, by: str | None) -> list[Recovered]:
         """A dead instance's `submitted` receipts become outcome_unknown, its `planned` ones rejected/not_sent."""
-        with self._journal(), self._read() as conn:
-            rows = conn.execute(
-                select(receipts.c.operation_id, receipts.c.state).where(
-                    receipts.c.proxy_instance == dead_instance,
-                    receipts.c.state.in_([State.PLANNED.value, State.SUBMITTED.value]),
-                )
-            ).all()
-        recovered: list[Recovered] = []
-        for row in rows:
-            if row.state == State.SUBMITTED.value:
-                to, code = State.OUTCOME_UNKNOWN, "proxy_interrupted"
-                message = "the proxy stopped while the request was in flight; the upstream may have acted"
-            else:
-                to, code = State.REJECTED, "not_sent"
-                message = "the proxy stopped before the request was sent"
-            try:
-                self.transition(
-                    row.operation_id,
-                    row.state,
-                    to,
-                    {"who": by or "recovery", "error": code, "dead_instance": dead_instance},
-                    error_code=code,
-                    error_message=message,
-                )
-            except StaleStateError:
-                continue
-            recovered.append(Recovered(row.operation_id, dead_instance, row.state, to.value))
+        recovered = self._settle_abandoned(
+            dead_instance,
+            self.unsettled_of(dead_instance),
+            by,
+            note={"dead_instance": dead_instance},
+            code="proxy_interrupted",
+            message="the proxy stopped while the request was in flight; the upstream may have acted",
+        )
         with self._journal(), self.engine.begin() as conn:
             still = conn.execute(
                 select(func.count()).select_from(receipts).where(
@@ -434,6 +415,53 @@ class ReceiptStore:
                     .where(instances.c.instance_id == dead_instance)
                     .values(recovered_at=self._db_now(conn))
                 )
+        return recovered
+
+    def unsettled_of(self, instance_id: str) -> list[tuple[str, str]]:
+        """(operation_id, state) of an instance's receipts still planned or submitted."""
+        with self._journal(), self._read() as conn:
+            rows = conn.execute(
+                select(receipts.c.operation_id, receipts.c.state).where(
+                    receipts.c.proxy_instance == instance_id,
+                    receipts.c.state.in_([State.PLANNED.value, State.SUBMITTED.value]),
+                )
+            ).all()
+        return [(r.operation_id, r.state) for r in rows]
+
+    def settle_orphans(self, instance_id: str, orphans: Sequence[tuple[str, str]]) -> list[Recovered]:
+        """A live instance's receipts that no request works on any more (their verdict could not be written):
+        settled as if the instance had died, so they do not block retries for as long as it lives.
+        The caller lists them from `unsettled_of` minus what it still has in flight."""
+        return self._settle_abandoned(
+            instance_id,
+            orphans,
+            instance_id,
+            note={"orphaned_by": instance_id},
+            code="verdict_not_recorded",
+            message="the upstream's answer could not be journaled; the upstream may have acted",
+        )
+
+    def _settle_abandoned(
+        self, instance_id: str, rows: Sequence[tuple[str, str]], by: str | None, note: dict[str, str], code: str, message: str
+    ) -> list[Recovered]:
+        recovered: list[Recovered] = []
+        for operation_id, state in rows:
+            if state == State.SUBMITTED.value:
+                to, error_code, error_message = State.OUTCOME_UNKNOWN, code, message
+            else:
+                to, error_code, error_message = State.REJECTED, "not_sent", "the request was never sent"
+            try:
+                self.transition(
+                    operation_id,
+                    state,
+                    to,
+                    {"who": by or "recovery", "error": error_code, **note},
+                    error_code=error_code,
+                    error_message=error_message,
+                )
+            except StaleStateError:
+                continue
+            recovered.append(Recovered(operation_id, instance_id, state, to.value))
         return recovered
 
     def stats(self) -> dict[str, Any]:
@@ -457,19 +485,24 @@ class ReceiptStore:
 
     # -- reconciliation queue ---------------------------------------------------------------------------
 
-    def claim_unknown(self, worker: str, lease_seconds: float, limit: int) -> list[ReceiptRecord]:
+    def claim_unknown(
+        self, worker: str, lease_seconds: float, limit: int, due_by: datetime | None = None
+    ) -> list[ReceiptRecord]:
         """Lease up to `limit` due outcome_unknown receipts to `worker` (outcome_unknown -> reconciling).
 
+        Due: no `next_attempt_at`, or one not later than now (and not later than `due_by`, so that a
+        reconcile pass never takes back a receipt it put back itself).
         PostgreSQL: FOR UPDATE SKIP LOCKED, so concurrent workers take disjoint rows. SQLite: the write
         transaction (BEGIN IMMEDIATE) already serialises claimers, and each claim is a compare-and-set.
         """
         with self._journal(), self.engine.begin() as conn:
             now = self._db_now(conn)
+            cutoff = now if due_by is None else min(now, due_by)
             due = (
                 select(receipts.c.operation_id)
                 .where(
                     receipts.c.state == State.OUTCOME_UNKNOWN.value,
-                    (receipts.c.next_attempt_at.is_(None)) | (receipts.c.next_attempt_at <= now),
+                    (receipts.c.next_attempt_at.is_(None)) | (receipts.c.next_attempt_at <= cutoff),
                 )
                 .order_by(receipts.c.next_attempt_at.is_not(None), receipts.c.next_attempt_at, receipts.c.created_at)
                 .limit(limit)

@@ -13,7 +13,7 @@ from proxy_addon.cli import main
 from proxy_addon.db import make_engine
 from proxy_addon.states import State
 from proxy_addon.store import ReceiptStore, receipts, utcnow
-from tests.store_helpers import intent, walk
+from store_helpers import intent, walk
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from support.e2e import (
     start_upstream_on,
     stop_process,
     tag,
+    wait_for,
 )
 from support.e2e import migrate as migrate_url
 from support.proxy import RunningProxy, free_port, start_inprocess_proxy, start_proxy_process
@@ -443,6 +444,21 @@ def test_a_receipt_that_cannot_be_marked_submitted_does_not_block_the_retry(env:
     assert (abandoned.state, abandoned.error_code) == ("rejected", "not_sent")
     r = env.client.post(env.at("main", path), json={"x": 1})
     assert r.status_code == 201, r.text
+    assert env.ups["main"].count("POST", path) == 1
+
+
+def test_a_verdict_that_cannot_be_written_is_settled_by_the_live_proxy(env: Env):
+    """The upstream answered but the verdict could not be journaled: the receipt must not stay `submitted`
+    for as long as this proxy lives; its own sweep makes it outcome_unknown, which still blocks a retry."""
+    path = f"/verdict-fails/{tag()}"
+    with failing_receipt_writes(env.url, "UPDATE", "NEW.state = 'succeeded'"):
+        r = env.client.post(env.at("main", path), json={"x": 1})
+        assert r.status_code == 201 and r.headers["X-Receipt-State"] == "submitted"
+    [orphan] = receipts_for(env.store, path)
+    settled = wait_for(lambda: env.store.get(orphan.operation_id).state == "outcome_unknown", timeout=15)
+    assert settled, env.store.get(orphan.operation_id)
+    assert env.store.get(orphan.operation_id).error_code == "verdict_not_recorded"
+    problem(env.client.post(env.at("main", path), json={"x": 1}), 409, "duplicate-open")
     assert env.ups["main"].count("POST", path) == 1
 
 
