@@ -24,6 +24,7 @@ run: migrate
 
 test: $(STAMP)
 	scripts/ensure-postgres
+	scripts/ensure-chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -7,6 +7,7 @@ Load it with `receipts proxy`, or into a plain mitmproxy:
 import asyncio
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,7 +17,7 @@ if __package__ in (None, "") and "proxy_addon" not in sys.modules:  # loaded by 
 import structlog
 from mitmproxy import ctx, exceptions, http
 
-from proxy_addon import problems
+from proxy_addon import metrics, problems
 from proxy_addon.account import AccountHasher, load_or_create_key
 from proxy_addon.config import HostPolicy, OperationRule, ReceiptsConfig, load_config
 from proxy_addon.db import check_schema, make_engine, resolve_database_url
@@ -29,7 +30,15 @@ from proxy_addon.exceptions import (
 )
 from proxy_addon.fingerprint import REDACTED
 from proxy_addon.forward import SendResult, TLSSettings, UpstreamSender
-from proxy_addon.journal import RequestFacts, Verdict, build_intent, classify_outcome, split_query, storable_response
+from proxy_addon.journal import (
+    RequestFacts,
+    Verdict,
+    build_intent,
+    classify_outcome,
+    replayable,
+    split_query,
+    storable_response,
+)
 from proxy_addon.log import configure_logging, get_logger
 from proxy_addon.recovery import InstanceLiveness, new_instance_id
 from proxy_addon.states import State
@@ -120,6 +129,10 @@ class Receipts:
 
             reconciler = Reconciler(self.config, self.store, worker_id=f"{self.instance_id}-reconcile")
             self._tasks.append(asyncio.create_task(reconciler.run_forever()))
+        if self.config and self.store and self.config.admin.enabled:
+            from proxy_addon.admin import serve_in_proxy
+
+            self._tasks.append(asyncio.create_task(serve_in_proxy(self.config, self.store)))
         log.info("proxy_started", instance=self.instance_id)
 
     async def done(self) -> None:
@@ -154,7 +167,6 @@ class Receipts:
         facts = _facts(flow)
         policy = self.config.policy_for(facts.host, facts.port)
         agent_key = flow.request.headers.get(policy.idempotency_key_header)
-        loop = asyncio.get_running_loop()
         operation_id = new_operation_id()
         self.in_flight.add(operation_id)
         try:
@@ -167,6 +179,7 @@ class Receipts:
     ) -> None:
         assert self.sender and self.executor
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
         try:
             receipt, rule = await loop.run_in_executor(
                 self.executor, self._record, facts, policy, agent_key, operation_id
@@ -180,6 +193,7 @@ class Receipts:
             return self._refuse(flow, self._replay_or_refuse(e), e, f"duplicate_succeeded_{e.policy}")
         except JournalUnavailableError as e:
             return self._journal_down(flow, e)
+        metrics.journaled(time.perf_counter() - started)
 
         with structlog.contextvars.bound_contextvars(operation_id=receipt.operation_id):
             headers = list(flow.request.headers.fields)
@@ -308,11 +322,40 @@ class Receipts:
         flow.response = response
         flow.metadata[METADATA_KEY] = {"operation_id": e.operation_id, "refused": reason}
         log.info("request_refused", reason=reason, operation_id=e.operation_id, state=e.state)
+        metrics.duplicate_refused(reason)
+        self._note_refusal(reason, e)
+
+    def _note_refusal(self, reason: str, e: Any) -> None:
+        """Record the refusal on a journal thread, not awaited: it never delays nor fails the answer."""
+        intent, store = getattr(e, "intent", None), self.store
+        if intent is None or store is None or self.executor is None:
+            return
+
+        def write() -> None:
+            try:
+                store.record_refusal(
+                    reason,
+                    e.operation_id,
+                    account=intent.account,
+                    intent_fingerprint=intent.intent_fingerprint,
+                    method=intent.method,
+                    host=intent.host,
+                    path=intent.path,
+                    proxy_instance=self.instance_id,
+                )
+            except Exception as exc:  # a refusal that cannot be noted is logged, never raised
+                log.error("refusal_not_recorded", reason=reason, operation_id=e.operation_id, error=str(exc))
+
+        try:
+            self.executor.submit(write)
+        except RuntimeError as exc:  # the pool is shutting down
+            log.error("refusal_not_recorded", reason=reason, operation_id=e.operation_id, error=str(exc))
 
     def _replay_or_refuse(self, e: DuplicateSucceededError) -> http.Response:
         original: ReceiptRecord | None = e.receipt  # type: ignore[assignment]
-        if e.policy != "replay" or original is None or original.response_body_truncated or original.status_code is None:
+        if e.policy != "replay" or not replayable(original):
             return problems.duplicate_succeeded(e.operation_id)
+        assert original is not None
         headers = {
             k: v for k, v in (original.response_headers or {}).items() if v != REDACTED and k != "content-length"
         }

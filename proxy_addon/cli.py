@@ -8,15 +8,17 @@ import asyncio
 import json
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
-from proxy_addon.config import ReceiptsConfig, load_config, parse_duration
+from proxy_addon.config import ReceiptsConfig, admin_settings, load_config, parse_duration
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
-from proxy_addon.exceptions import ConfigError, ReceiptsError
-from proxy_addon.states import RESOLUTION_STATES, State
-from proxy_addon.store import ReceiptRecord, ReceiptStore, TransitionRecord
+from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
+from proxy_addon.review import PUBLIC_COLUMNS, dumps, expand_states, receipt_document, resolve, show_document
+from proxy_addon.states import RESOLUTION_STATES
+from proxy_addon.store import ReceiptStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -40,54 +42,8 @@ def _store(args: argparse.Namespace, config: ReceiptsConfig | None = None) -> Re
 
 
 def _print_json(document: Any) -> None:
-    json.dump(document, sys.stdout, indent=2, default=_json_default, sort_keys=False)
+    sys.stdout.write(dumps(document))
     sys.stdout.write("\n")
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-PUBLIC_COLUMNS = (
-    "operation_id",
-    "operation",
-    "method",
-    "scheme",
-    "host",
-    "port",
-    "path",
-    "query",
-    "intent_fingerprint",
-    "account",
-    "idempotency_key",
-    "state",
-    "created_at",
-    "updated_at",
-    "submitted_at",
-    "completed_at",
-    "status_code",
-    "external_id",
-    "error_code",
-    "error_message",
-    "authentication_recorded",
-    "proxy_instance",
-    "request_body_size",
-    "body_note",
-    "reconcile_attempts",
-    "next_attempt_at",
-)
-
-
-def receipt_document(r: ReceiptRecord) -> dict[str, Any]:
-    return {c: getattr(r, c) for c in PUBLIC_COLUMNS}
-
-
-def transition_document(t: TransitionRecord) -> dict[str, Any]:
-    return {"from_state": t.from_state, "to_state": t.to_state, "recorded_at": t.recorded_at, "detail": t.detail}
 
 
 def _age(since: datetime | None) -> str:
@@ -169,7 +125,7 @@ async def _run_proxy(args: argparse.Namespace) -> int:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     store = _store(args)
-    states = [State(args.state).value] if args.state else None
+    states = expand_states([args.state]) if args.state else None
     older = timedelta(seconds=parse_duration(args.older_than)) if args.older_than else None
     rows = store.list_receipts(states=states, host=args.host, older_than=older, limit=args.limit)
     if args.json:
@@ -191,7 +147,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     receipt = store.get(args.id)
     history = store.history(args.id)
     if args.json:
-        _print_json({**receipt_document(receipt), "transitions": [transition_document(t) for t in history]})
+        _print_json(show_document(receipt, history))
         return EXIT_OK
     _table(
         f"receipt {receipt.operation_id}",
@@ -207,24 +163,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
-    store = _store(args)
-    receipt = store.get(args.id)
-    target = State(args.state)
-    if target not in RESOLUTION_STATES:
-        raise UsageError(f"--state must be one of {', '.join(sorted(RESOLUTION_STATES))}")
-    if receipt.state not in (State.MANUAL_REVIEW.value, State.OUTCOME_UNKNOWN.value):
-        raise ReceiptsError(
-            f"receipt {receipt.operation_id} is {receipt.state}; only manual_review or outcome_unknown can be resolved"
-        )
-    updates: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
-    if args.external_id:
-        updates["external_id"] = args.external_id
-    detail = {"who": f"person:{args.who}", "note": args.note, "external_id": args.external_id, "verdict": target.value}
-    updated = store.transition(receipt.operation_id, receipt.state, target, detail, **updates)
+    before, updated = resolve(_store(args), args.id, args.state, args.note, args.external_id, args.who)
     if args.json:
         _print_json(receipt_document(updated))
     else:
-        print(f"{updated.operation_id}: {receipt.state} -> {updated.state}")
+        print(f"{updated.operation_id}: {before.state} -> {updated.state}")
     return EXIT_OK
 
 
@@ -255,6 +198,27 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_admin(args: argparse.Namespace) -> int:
+    from proxy_addon.admin import AdminServer
+
+    config = _config(args)
+    store = _store(args, config)
+    settings = admin_settings(config, listen_host=args.listen_host, listen_port=args.listen_port)
+    server = AdminServer(config, store, settings=settings)
+    try:
+        server.start()
+    except OSError as e:
+        raise ReceiptsError(f"cannot listen on {settings.listen_host}:{settings.listen_port}: {e.strerror or e}") from e
+    print(f"receipts admin on {server.url} (Ctrl-C stops it)", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.stop()
+    store.engine.dispose()
+    return EXIT_OK
+
+
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from proxy_addon.reconcile import run_reconcile
 
@@ -275,9 +239,10 @@ def _duration_arg(text: str) -> str:
 
 def _state_arg(text: str) -> str:
     try:
-        return State(text).value
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"unknown state {text!r} (one of {', '.join(s.value for s in State)})") from None
+        expand_states([text])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -312,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--loop", action="store_true", help="keep reconciling every reconcile.interval")
 
     p = command("ls", cmd_ls, "list receipts, newest first")
-    p.add_argument("--state", type=_state_arg)
+    p.add_argument("--state", type=_state_arg, help="a state, or open, or unknown (outcome_unknown, reconciling, manual_review)")
     p.add_argument("--host")
     p.add_argument("--older-than", type=_duration_arg, help="only receipts created longer ago than this (e.g. 10m)")
     p.add_argument("--limit", type=int, default=100)
@@ -330,6 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--who", default="operator", help="who decides (kept in the history)")
     p.add_argument("--json", action="store_true")
 
+    p = command("admin", cmd_admin, "serve the admin API, review page and /metrics (the config's admin section)")
+    p.add_argument("--listen-host", default=None, help="default admin.listen_host (127.0.0.1)")
+    p.add_argument("--listen-port", type=int, default=None, help="default admin.listen_port (8081)")
+
     p = command("stats", cmd_stats, "counts per state and host, oldest open receipt's age")
     p.add_argument("--json", action="store_true")
 
@@ -343,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, UsageError) as e:
+    except (ConfigError, UsageError, InvalidResolutionError) as e:
         print(f"receipts: {e}", file=sys.stderr)
         return EXIT_USAGE
     except ReceiptsError as e:

@@ -4,6 +4,8 @@ Everything is parsed once at load: durations, JSON paths and path templates are 
 the request path never re-reads or re-parses configuration.
 """
 
+import ipaddress
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -124,7 +126,7 @@ class FingerprintRule(StrictModel):
         return self
 
 
-_PLACEHOLDER_RE = re.compile(r"\{([a-z_]+(?:\.[A-Za-z0-9_\-]+)?)\}")
+_PLACEHOLDER_RE = re.compile(r"\{([a-z_]+(?:\.[A-Za-z0-9_.\-]+)?)\}")  # as the reconciler fills them
 _URL_PLACEHOLDERS = {"scheme", "host", "port", "netloc", "external_id", "idempotency_key", "operation_id", "submitted_at"}
 
 
@@ -169,6 +171,8 @@ class ReconcileRule(StrictModel):
             raise ValueError(f"strategy {self.strategy} needs a url")
         if self.strategy == "search" and not self.match:
             raise ValueError("strategy search needs match (candidate field: request field)")
+        if self.method == "HEAD" and (self.strategy == "search" or self.match or self.id is not None):
+            raise ValueError("method HEAD reads no body: it cannot search, match or find an id (use GET)")
         return self
 
     @cached_property
@@ -216,6 +220,11 @@ class OperationRule(StrictModel):
             object.__setattr__(self, "reconcile", r.model_copy(update={"absent_means": "manual_review"}))
         if r and r.absent_means == "succeeded" and self.method != "DELETE":
             raise ValueError("absent_means: succeeded is only allowed for DELETE")
+        if r and r.url:
+            params = set(compile_path_template(self.path).groupindex)
+            for name in _PLACEHOLDER_RE.findall(r.url):
+                if name.startswith("path.") and name[5:] not in params:
+                    raise ValueError(f"reconcile url uses {{{name}}}, but path {self.path} has no {{{name[5:]}}}")
         return self
 
     @cached_property
@@ -304,6 +313,38 @@ class ReconcileSettings(StrictModel):
     verify_tls: bool = True
 
 
+class AdminSettings(StrictModel):
+    """The admin HTTP server (JSON API, review page, /metrics): off unless enabled; a token when not on loopback."""
+
+    enabled: bool = False
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(default=8081, ge=0, le=65535)
+    token_env: str = Field(default="RECEIPTS_ADMIN_TOKEN", min_length=1)
+
+    @property
+    def token(self) -> str | None:
+        """Read from the environment variable `token_env`; never kept in the config file."""
+        return os.environ.get(self.token_env) or None
+
+    @property
+    def loopback(self) -> bool:
+        if self.listen_host.lower() == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.listen_host.strip("[]")).is_loopback
+        except ValueError:
+            return False
+
+    @model_validator(mode="after")
+    def _token_when_exposed(self) -> "AdminSettings":
+        if not self.loopback and not self.token:
+            raise ValueError(
+                f"listen_host {self.listen_host} is not a loopback address, so a token is required: "
+                f"set {self.token_env} (or listen on 127.0.0.1)"
+            )
+        return self
+
+
 class LoggingSettings(StrictModel):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
@@ -339,6 +380,7 @@ class ReceiptsConfig(StrictModel):
     hosts: dict[str, HostConfig] = {}
     proxy: ProxySettings = ProxySettings()
     reconcile: ReconcileSettings = ReconcileSettings()
+    admin: AdminSettings = AdminSettings()
     logging: LoggingSettings = LoggingSettings()
     secret_file: str = ".receipts-secret"
 
@@ -416,6 +458,15 @@ def parse_config(text: str, source: str = "config") -> ReceiptsConfig:
         return ReceiptsConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"{source}: {describe_validation_error(e)}") from None
+
+
+def admin_settings(config: ReceiptsConfig, **overrides: Any) -> AdminSettings:
+    """The config's admin section with command-line overrides (None: keep), validated again."""
+    data = {**config.admin.model_dump(), **{k: v for k, v in overrides.items() if v is not None}}
+    try:
+        return AdminSettings.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"admin: {describe_validation_error(e).removeprefix('config: ')}") from None
 
 
 def describe_validation_error(e: ValidationError) -> str:

@@ -29,6 +29,14 @@ class IllegalTransitionError(ReceiptsError):
     """The contract does not allow this state change."""
 
 
+class NotResolvableError(ReceiptsError):
+    """A person may resolve only a manual_review or outcome_unknown receipt; this one is in another state."""
+
+
+class InvalidResolutionError(ReceiptsError):
+    """A person's resolution is malformed: a state other than succeeded or safe_to_retry, or no note."""
+
+
 class StaleStateError(ReceiptsError):
     """The receipt is no longer in the expected state: another writer changed it first (lost compare-and-set)."""
 
@@ -46,6 +54,7 @@ class DuplicateIntentError(ReceiptsError):
         super().__init__(message)
         self.operation_id = operation_id
         self.state = state
+        self.intent: object = None  # the refused NewIntent, set by the store
 
 
 class DuplicateOpenError(DuplicateIntentError):

@@ -16,7 +16,7 @@ from proxy_addon.config import HostPolicy, OperationRule, compile_jsonpath
 from proxy_addon.fingerprint import REDACTED, analyse_body, intent_fingerprint, redact_document, redact_headers
 from proxy_addon.forward import SendEnd, SendResult
 from proxy_addon.states import State
-from proxy_addon.store import NewIntent
+from proxy_addon.store import NewIntent, ReceiptRecord
 
 _ID_SEGMENT = re.compile(r"^(\d+|[0-9a-fA-F-]{16,}|[A-Za-z0-9_-]{24,})$")
 # Credentials that name an account; session cookies rotate too often to identify one.
@@ -167,3 +167,15 @@ def storable_response(
         body = json.dumps(redact_document(document, policy.redact_fields), separators=(",", ":")).encode()
         headers.pop("content-encoding", None)
     return headers, (body[:cap] if body else None), len(body) > cap
+
+
+def replayable(original: ReceiptRecord | None) -> bool:
+    """Whether a succeeded receipt holds an upstream answer that may be replayed whole. One settled by a
+    person or the reconciler holds none (its request ended unknown), and a truncated one is not whole."""
+    return (
+        original is not None
+        and original.response_headers is not None
+        and not original.response_body_truncated
+        and original.status_code is not None
+        and 200 <= original.status_code < 300
+    )

@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from proxy_addon.states import OPEN_STATES, State
+from proxy_addon.states import OPEN_STATES, RefusalReason, State
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -154,3 +154,33 @@ class ProxyInstance(Base):
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     recovered_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+_REASON_LIST = ", ".join(f"'{r.value}'" for r in RefusalReason)
+
+
+class DuplicateRefusal(Base):
+    """A request the proxy answered from an earlier receipt (refused or replayed) instead of forwarding it.
+
+    Only what identifies the intent and its blocker: no headers, no body, no secret (`account` is the keyed hash).
+    `blocking_operation_id` is not a foreign key, so that a refusal outlives the pruning of the receipt that blocked it.
+    """
+
+    __tablename__ = "duplicate_refusals"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    refused_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    reason: Mapped[str] = mapped_column(String(40))
+    blocking_operation_id: Mapped[str] = mapped_column(String(64))
+    account: Mapped[str] = mapped_column(String(80))
+    intent_fingerprint: Mapped[str] = mapped_column(String(80))
+    method: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str] = mapped_column(String(255))
+    path: Mapped[str] = mapped_column(Text)
+    proxy_instance: Mapped[str | None] = mapped_column(String(64))
+
+    __table_args__ = (
+        CheckConstraint(f"reason IN ({_REASON_LIST})", name="reason"),
+        Index("ix_duplicate_refusals_refused_at", "refused_at"),
+        Index("ix_duplicate_refusals_blocking_operation_id", "blocking_operation_id"),
+    )

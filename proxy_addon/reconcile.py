@@ -5,8 +5,12 @@ config.yaml, and given a verdict with the evidence in its history:
 - the write is there: succeeded, with the external id found;
 - absence proven by an authoritative 2xx read, after `settle`: the rule's `absent_means`
   (safe_to_retry only with retry_safe; succeeded only for a DELETE whose rule says so; else manual_review);
-- several candidates, a mismatch, or no rule: manual_review, for a person;
-- a read that failed proves nothing: back to outcome_unknown with backoff, manual_review after `attempts`.
+- a DELETE whose target is still there after `settle` did not happen: safe_to_retry with retry_safe, else
+  manual_review (never succeeded);
+- several candidates, a mismatch after `settle`, or no rule: manual_review, for a person;
+- a read that failed proves nothing (an error, a timeout, a non-2xx, a search whose pages do not reach back to
+  the submission): back to outcome_unknown with backoff, manual_review after `attempts`.
+A pass claims each receipt at most once; one whose lease ran out before its read is left to the next pass.
 """
 
 import asyncio
@@ -19,12 +23,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, urljoin, urlsplit
 
 import httpx
 
+from proxy_addon import metrics
 from proxy_addon.config import HostPolicy, OperationRule, ReceiptsConfig, ReconcileRule, compile_jsonpath
-from proxy_addon.exceptions import JournalUnavailableError, ReceiptsError, StaleStateError
+from proxy_addon.exceptions import ReceiptsError, StaleStateError
 from proxy_addon.fingerprint import REDACTED, canonical_json
 from proxy_addon.forward import HOP_BY_HOP
 from proxy_addon.log import get_logger
@@ -43,12 +48,23 @@ class UnreadableRule(ReceiptsError):
     """The rule cannot be applied to this receipt (a value it needs is missing or redacted)."""
 
 
+class ReadNotPossible(ReceiptsError):
+    """The read cannot be made now (an environment variable it needs is not set); it proves nothing."""
+
+
 # -- what a read found --------------------------------------------------------------------------------------
+
+
+# present: the write's effect is there. still_present: a DELETE's target is still there (the delete did not
+# happen). absent: an authoritative read found nothing. mismatch: a different resource is where ours would be.
+# ambiguous: several candidates. refused: the rule cannot be applied. failed: the read proved nothing.
+READ_KINDS = frozenset({"present", "still_present", "absent", "mismatch", "ambiguous", "refused", "failed"})
+NEEDS_SETTLE = frozenset({"absent", "still_present", "mismatch"})
 
 
 @dataclass(frozen=True)
 class ReadOutcome:
-    kind: str  # present | absent | ambiguous | mismatch | failed | refused
+    kind: str  # one of READ_KINDS
     evidence: dict[str, Any] = field(default_factory=dict)
     external_id: str | None = None
 
@@ -62,29 +78,43 @@ class Decision:
 
 def decide(receipt: ReceiptRecord, rule: ReconcileRule, retry_safe: bool, outcome: ReadOutcome, now: datetime, backoff: float) -> Decision:
     """The verdict for one read; pure, so the whole table of cases is tested directly."""
+    if outcome.kind not in READ_KINDS:
+        raise ValueError(f"unknown read outcome {outcome.kind!r}")
     detail = {"strategy": rule.strategy, "result": outcome.kind, **outcome.evidence}
     clear = {"lease_owner": None, "lease_expires_at": None}
     if outcome.kind == "present":
         return Decision(State.SUCCEEDED, {**clear, "external_id": outcome.external_id or receipt.external_id}, detail)
-    if outcome.kind in ("ambiguous", "mismatch", "refused"):
+    if outcome.kind in ("ambiguous", "refused"):
+        detail.setdefault("reason", f"read {outcome.kind}; a person must decide")
         return Decision(State.MANUAL_REVIEW, clear, detail)
-    if outcome.kind == "absent":
+    if outcome.kind in NEEDS_SETTLE:
+        # what a read does not show yet (eventual consistency) proves nothing before settle
         settled_at = (receipt.submitted_at or receipt.created_at) + timedelta(seconds=rule.settle)
         if now < settled_at:
-            detail["reason"] = f"not settled: absence proves nothing before {settled_at.isoformat()}"
+            detail["reason"] = f"not settled: {outcome.kind} proves nothing before {settled_at.isoformat()}"
             return Decision(State.OUTCOME_UNKNOWN, {**clear, "next_attempt_at": settled_at}, detail)
+        if outcome.kind == "mismatch":
+            detail.setdefault("reason", "the resource found does not match the request")
+            return Decision(State.MANUAL_REVIEW, clear, detail)
+        if outcome.kind == "still_present":
+            verdict = State.SAFE_TO_RETRY if retry_safe else State.MANUAL_REVIEW
+            detail["reason"] = f"still there after settle: the {receipt.method} did not take effect; retry_safe {retry_safe}"
+            return Decision(verdict, clear, detail)
         verdict = State(rule.absent_means)
         if verdict == State.SAFE_TO_RETRY and not retry_safe:
             verdict = State.MANUAL_REVIEW
-        detail["reason"] = f"absent after settle; absent_means {rule.absent_means}"
+        if verdict == State.SUCCEEDED and receipt.method != "DELETE":
+            verdict = State.MANUAL_REVIEW  # absence is success only for a DELETE (config refuses it elsewhere)
+        detail["reason"] = f"absent after settle; absent_means {rule.absent_means}, retry_safe {retry_safe}: {verdict.value}"
         return Decision(verdict, clear, detail)
     attempts = receipt.reconcile_attempts + 1
     detail["attempt"] = attempts
+    why = outcome.evidence.get("reason", "read failed")
     if attempts >= rule.attempts:
-        detail["reason"] = f"{attempts} reads failed; a person must decide"
+        detail["reason"] = f"{attempts} reads failed (last: {why}); a person must decide"
         return Decision(State.MANUAL_REVIEW, {**clear, "reconcile_attempts": attempts}, detail)
     retry_at = now + timedelta(seconds=backoff * 2 ** (attempts - 1))
-    detail["reason"] = f"read failed; tried again after {retry_at.isoformat()}"
+    detail["reason"] = f"{why}; tried again after {retry_at.isoformat()}"
     return Decision(State.OUTCOME_UNKNOWN, {**clear, "reconcile_attempts": attempts, "next_attempt_at": retry_at}, detail)
 
 
@@ -129,7 +159,7 @@ def fill_template(template: str, receipt: ReceiptRecord, path_params: dict[str, 
             }.get(name)
         if value is None or value == REDACTED or isinstance(value, dict | list):
             raise UnreadableRule(f"the rule's url needs {{{name}}}, which this receipt does not have")
-        text = str(value)
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
         return text if name in ("scheme", "host", "port", "netloc") else quote(text, safe="")
 
     return _PLACEHOLDER_RE.sub(lambda m: value_of(m.group(1)), template)
@@ -141,7 +171,7 @@ def expand_env(headers: dict[str, str]) -> dict[str, str]:
     def sub(m: re.Match[str]) -> str:
         value = os.environ.get(m.group(1))
         if value is None:
-            raise UnreadableRule(f"environment variable {m.group(1)} is not set")
+            raise ReadNotPossible(f"environment variable {m.group(1)} is not set")
         return value
 
     return {k: _ENV_RE.sub(sub, v) for k, v in headers.items()}
@@ -210,6 +240,7 @@ class Reconciler:
     async def run_once(self) -> PassReport:
         """Release expired leases, recover dead proxies' receipts, then work the due queue until it is empty."""
         report = PassReport()
+        pass_started = utcnow()  # a receipt put back during this pass waits for the next one, whatever its backoff
         await asyncio.to_thread(self.store.release_expired_leases, self.worker_id)
         await asyncio.to_thread(self._recover_dead_proxies)
         async with httpx.AsyncClient(trust_env=False, verify=self.settings.verify_tls) as client:
@@ -217,7 +248,7 @@ class Reconciler:
             semaphore = asyncio.Semaphore(self.settings.concurrency)
             for _ in range(MAX_BATCHES_PER_PASS):
                 claimed = await asyncio.to_thread(
-                    self.store.claim_unknown, self.worker_id, self.settings.lease, self.settings.batch_size
+                    self.store.claim_unknown, self.worker_id, self.settings.lease, self.settings.batch_size, pass_started
                 )
                 if not claimed:
                     break
@@ -233,8 +264,8 @@ class Reconciler:
                 report = await self.run_once()
                 if report.claimed:
                     log.info("reconcile_pass", worker=self.worker_id, claimed=report.claimed, **report.verdicts)
-            except JournalUnavailableError as e:
-                log.error("reconcile_pass_failed", error=str(e))
+            except Exception as e:  # a pass that failed is logged and tried again; the loop never dies
+                log.error("reconcile_pass_failed", error=f"{type(e).__name__}: {e}")
             await asyncio.sleep(self.settings.interval)
 
     def _recover_dead_proxies(self) -> None:
@@ -243,10 +274,20 @@ class Reconciler:
 
     async def _bounded(self, semaphore: asyncio.Semaphore, receipt: ReceiptRecord) -> str | None:
         async with semaphore:
+            if receipt.lease_expires_at is not None and utcnow() >= receipt.lease_expires_at:
+                # it waited for a slot until its lease ran out: another worker may hold it by now, so no
+                # read (nor re-send) is made under a lease that is gone; the next pass releases it
+                log.warning("lease_expired_before_read", operation_id=receipt.operation_id, worker=self.worker_id)
+                return None
             try:
                 return await self.reconcile(receipt)
             except StaleStateError:
                 log.warning("lease_lost", operation_id=receipt.operation_id, worker=self.worker_id)
+                return None
+            except Exception as e:
+                # the verdict could not be written (database down, a bug): the lease expires and the
+                # receipt returns to the queue; the other receipts of this pass go on
+                log.error("verdict_not_recorded", operation_id=receipt.operation_id, error=f"{type(e).__name__}: {e}")
                 return None
 
     async def reconcile(self, receipt: ReceiptRecord) -> str:
@@ -264,6 +305,11 @@ class Reconciler:
                 outcome = await self._read(receipt, rule, rule.reconcile, params, policy)
             except UnreadableRule as e:
                 outcome = ReadOutcome("refused", {"reason": str(e)})
+            except ReadNotPossible as e:
+                outcome = ReadOutcome("failed", {"reason": str(e)})
+            except Exception as e:  # a read that broke proves nothing about the world
+                log.error("reconcile_read_broke", operation_id=receipt.operation_id, error=f"{type(e).__name__}: {e}")
+                outcome = ReadOutcome("failed", {"error": f"{type(e).__name__}: {e}"[:300]})
             decision = decide(receipt, rule.reconcile, rule.retry_safe, outcome, utcnow(), self.settings.backoff)
         detail = {"who": self.worker_id, "unknown_for_seconds": unknown_for, **decision.detail}
         await asyncio.to_thread(
@@ -276,6 +322,7 @@ class Reconciler:
             **decision.updates,
         )
         log.info("reconcile_verdict", operation_id=receipt.operation_id, state=decision.state.value, result=detail.get("result"))
+        metrics.reconcile_verdict(decision.state)
         return decision.state.value
 
     # -- reads ----------------------------------------------------------------------------------------------
@@ -298,7 +345,7 @@ class Reconciler:
         evidence: dict[str, Any] = {"read": {"method": rule.method, "url": url}}
         try:
             response = await self._client.request(rule.method, url, headers=headers, timeout=rule.timeout)
-        except httpx.HTTPError as e:
+        except Exception as e:  # httpx.HTTPError, and InvalidURL or anyio's groups, which are not HTTPErrors
             evidence["read"].update(error=f"{type(e).__name__}: {e}"[:300], elapsed_ms=_ms(started))
             return None, evidence
         evidence["read"].update(status=response.status_code, elapsed_ms=_ms(started))
@@ -312,8 +359,9 @@ class Reconciler:
             return ReadOutcome("absent", evidence)
         if not response.is_success:
             return ReadOutcome("failed", evidence)
+        found_kind = "still_present" if receipt.method == "DELETE" else "present"
         if rule.method == "HEAD" or (not rule.match and rule.id is None):
-            return ReadOutcome("present", evidence)
+            return ReadOutcome(found_kind, evidence)
         document = _json(response)
         if document is None:
             evidence["reason"] = "lookup answer is not JSON"
@@ -322,14 +370,19 @@ class Reconciler:
             evidence["reason"] = "the resource found does not match the request"
             return ReadOutcome("mismatch", evidence)
         found = rule.id.first(document) if rule.id else None
+        if found_kind == "still_present":
+            return ReadOutcome(found_kind, {**evidence, "matched_id": found})
         return ReadOutcome("present", {**evidence, "matched_id": found}, None if found is None else str(found))
 
     async def _search(self, receipt: ReceiptRecord, rule: ReconcileRule, url: str, headers: dict[str, str]) -> ReadOutcome:
         original = request_document(receipt)
         if original is None:
             raise UnreadableRule("search needs the original request's JSON body, which was not journaled")
-        matches: list[Any] = []
+        matches: dict[str, Any] = {}  # by id: a record seen on two pages (the list shifted) is one candidate
         reads: list[dict[str, Any]] = []
+        origin = urlsplit(url)[:2]
+        anchor = receipt.submitted_at or receipt.created_at
+        reached_back = False  # with time_field: the list showed a record older than the submission
         next_url: str | None = url
         for _page in range(rule.max_pages):
             if next_url is None:
@@ -342,18 +395,33 @@ class Reconciler:
             items = rule.items.first(page) if rule.items else page
             if not isinstance(items, list):
                 return ReadOutcome("failed", {"reads": reads, "reason": "search answer holds no list of items"})
-            matches.extend(c for c in items if self._in_window(c, receipt, rule) and candidate_matches(c, original, rule))
+            for c in items:
+                created = _parse_time(rule.time_field.first(c)) if rule.time_field else None
+                reached_back = reached_back or (created is not None and created < anchor)
+                if self._in_window(c, receipt, rule) and candidate_matches(c, original, rule):
+                    found = rule.id.first(c) if rule.id else None
+                    matches.setdefault(canonical_json(c) if found is None else str(found), c)
             found_next = rule.next_page.first(page) if rule.next_page else None
-            next_url = str(found_next) if found_next else None
+            next_url = urljoin(next_url, str(found_next)) if found_next else None
+            if next_url is not None and urlsplit(next_url)[:2] != origin:
+                # the read's credentials go only where the rule's url points
+                return ReadOutcome("failed", {"reads": reads, "reason": f"next page {next_url} leaves {origin[1]}"})
         else:
             if next_url is not None:
                 return ReadOutcome("failed", {"reads": reads, "reason": f"more than {rule.max_pages} pages"})
-        ids = [rule.id.first(c) if rule.id else None for c in matches]
+        ids = [rule.id.first(c) if rule.id else None for c in matches.values()]
         evidence = {"reads": reads, "candidates": [str(i) for i in ids], "matched": len(matches)}
+        if matches and receipt.method == "DELETE":
+            return ReadOutcome("still_present", evidence)
         if len(matches) == 1:
             return ReadOutcome("present", {**evidence, "matched_id": ids[0]}, None if ids[0] is None else str(ids[0]))
         if len(matches) > 1:
             return ReadOutcome("ambiguous", {**evidence, "reason": f"{len(matches)} records match; a person must pick"})
+        list_ended = rule.next_page is not None  # the loop above only gets here once no next page is left
+        if rule.time_field is not None and not reached_back and not list_ended:
+            # newer records may have pushed ours off the pages read: that is no proof of absence
+            reason = f"the pages read do not reach back to {anchor.isoformat()}; absence not proven (set next_page)"
+            return ReadOutcome("failed", {**evidence, "reason": reason})
         return ReadOutcome("absent", evidence)
 
     def _in_window(self, candidate: Any, receipt: ReceiptRecord, rule: ReconcileRule) -> bool:
@@ -373,14 +441,16 @@ class Reconciler:
         if not policy.inject_idempotency_key or not receipt.idempotency_key:
             raise UnreadableRule("resend_with_key needs a host with inject_idempotency_key and a journaled key")
         body = receipt.request_body or b""
-        if receipt.request_body_truncated or REDACTED.encode() in body or REDACTED in (receipt.query or ""):
+        query_values = [v for _k, v in parse_qsl(receipt.query or "", keep_blank_values=True)]
+        if receipt.request_body_truncated or REDACTED.encode() in body or REDACTED in query_values:
             raise UnreadableRule("the journaled request is truncated or redacted, so it cannot be re-sent exactly")
         if receipt.body_note and "multipart" in receipt.body_note:
             raise UnreadableRule("multipart bodies are journaled as digests and cannot be re-sent")
+        key_header = policy.idempotency_key_header.lower()
         headers = {
             k: v
             for k, v in (receipt.request_headers or {}).items()
-            if v != REDACTED and k not in HOP_BY_HOP and k != "host"
+            if v != REDACTED and k.lower() not in HOP_BY_HOP and k.lower() not in ("host", "content-encoding", key_header)
         }
         headers.update(expand_env(rule.headers))
         headers[policy.idempotency_key_header] = receipt.idempotency_key
@@ -390,7 +460,7 @@ class Reconciler:
         evidence: dict[str, Any] = {"resend": {"method": receipt.method, "url": url, "idempotency_key": receipt.idempotency_key}}
         try:
             response = await self._client.request(receipt.method, url, headers=headers, content=body, timeout=rule.timeout)
-        except httpx.HTTPError as e:
+        except Exception as e:  # see _get
             evidence["resend"].update(error=f"{type(e).__name__}: {e}"[:300], elapsed_ms=_ms(started))
             return ReadOutcome("failed", evidence)
         evidence["resend"].update(status=response.status_code, elapsed_ms=_ms(started))

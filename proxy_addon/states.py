@@ -42,3 +42,12 @@ def is_allowed(from_state: State | None, to_state: State) -> bool:
     if from_state is None:
         return to_state == State.PLANNED
     return to_state in ALLOWED_TRANSITIONS[from_state]
+
+
+class RefusalReason(StrEnum):
+    """Why the proxy answered a request from an earlier receipt instead of forwarding it."""
+
+    DUPLICATE_OPEN = "duplicate_open"
+    DUPLICATE_SUCCEEDED_REPLAY = "duplicate_succeeded_replay"
+    DUPLICATE_SUCCEEDED_REFUSE = "duplicate_succeeded_refuse"
+    IDEMPOTENCY_KEY_MISMATCH = "idempotency_key_mismatch"

@@ -15,8 +15,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from proxy_addon import metrics
 from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import (
+    DuplicateIntentError,
     DuplicateOpenError,
     DuplicateSucceededError,
     IdempotencyKeyMismatchError,
@@ -25,12 +27,13 @@ from proxy_addon.exceptions import (
     ReceiptNotFoundError,
     StaleStateError,
 )
-from proxy_addon.models import ProxyInstance, Receipt, ReceiptTransition
-from proxy_addon.states import OPEN_STATES, TERMINAL_STATES, State, is_allowed
+from proxy_addon.models import DuplicateRefusal, ProxyInstance, Receipt, ReceiptTransition
+from proxy_addon.states import OPEN_STATES, TERMINAL_STATES, RefusalReason, State, is_allowed
 
 receipts = Receipt.__table__
 transitions = ReceiptTransition.__table__
 instances = ProxyInstance.__table__
+refusals = DuplicateRefusal.__table__
 
 _OPEN = [s.value for s in OPEN_STATES]
 _UPDATABLE = {
@@ -139,6 +142,20 @@ class TransitionRecord:
 
 
 @dataclass(frozen=True)
+class RefusalRecord:
+    id: int
+    refused_at: datetime
+    reason: str
+    blocking_operation_id: str
+    account: str
+    intent_fingerprint: str
+    method: str
+    host: str
+    path: str
+    proxy_instance: str | None
+
+
+@dataclass(frozen=True)
 class Recovered:
     operation_id: str
     instance_id: str
@@ -181,18 +198,24 @@ class ReceiptStore:
         writers pass the checks at once, the second insert fails there and is reported as a duplicate.
         """
         after_success = after_success or AfterSuccess()
-        with self._journal():
-            for _attempt in range(3):
-                try:
-                    with self.engine.begin() as conn:
-                        self._refuse_duplicates(conn, intent, after_success)
-                        return self._insert_planned(conn, intent)
-                except IntegrityError:
-                    with self._read() as conn:
-                        blocking = self._open_for(conn, intent)
-                    if blocking is not None:
-                        raise _duplicate_open(blocking) from None
-            raise JournalUnavailableError("could not record the intent: the open-intent index kept changing")
+        try:
+            with self._journal():
+                for _attempt in range(3):
+                    try:
+                        with self.engine.begin() as conn:
+                            self._refuse_duplicates(conn, intent, after_success)
+                            planned = self._insert_planned(conn, intent)
+                        metrics.transitioned(State.PLANNED)
+                        return planned
+                    except IntegrityError:
+                        with self._read() as conn:
+                            blocking = self._open_for(conn, intent)
+                        if blocking is not None:
+                            raise _duplicate_open(blocking) from None
+                raise JournalUnavailableError("could not record the intent: the open-intent index kept changing")
+        except DuplicateIntentError as e:
+            e.intent = intent  # what the caller needs to record the refusal (record_refusal)
+            raise
 
     def _refuse_duplicates(self, conn: Connection, intent: NewIntent, after_success: AfterSuccess) -> None:
         if intent.idempotency_key is not None:
@@ -307,6 +330,7 @@ class ReceiptStore:
                     detail=detail or {},
                 )
             )
+        metrics.transitioned(to)
         return ReceiptRecord.from_row(row)
 
     # -- reads ------------------------------------------------------------------------------------------
@@ -344,6 +368,76 @@ class ReceiptStore:
             q = q.limit(limit)
         with self._journal(), self._read() as conn:
             return [ReceiptRecord.from_row(r) for r in conn.execute(q)]
+
+    def duplicate_of(self, receipt: ReceiptRecord, after_success: AfterSuccess) -> DuplicateIntentError | None:
+        """What `record_intent` would answer, now, to the same request again (without an Idempotency-Key):
+        the refusal it would raise, or None when it would record a new receipt (and the proxy forward it)."""
+        again = NewIntent(
+            operation=receipt.operation,
+            method=receipt.method,
+            scheme=receipt.scheme,
+            host=receipt.host,
+            port=receipt.port,
+            path=receipt.path,
+            intent_fingerprint=receipt.intent_fingerprint,
+            account=receipt.account,
+        )
+        with self._journal(), self._read() as conn:
+            try:
+                self._refuse_duplicates(conn, again, after_success)
+            except DuplicateIntentError as e:
+                return e
+        return None
+
+    # -- refused duplicates -----------------------------------------------------------------------------
+
+    def record_refusal(
+        self,
+        reason: RefusalReason | str,
+        blocking_operation_id: str,
+        *,
+        account: str,
+        intent_fingerprint: str,
+        method: str,
+        host: str,
+        path: str,
+        proxy_instance: str | None = None,
+    ) -> RefusalRecord:
+        """Note a request answered from an earlier receipt (refused or replayed). Identity only: no headers, no body."""
+        values = {
+            "refused_at": utcnow(),
+            "reason": RefusalReason(reason).value,
+            "blocking_operation_id": blocking_operation_id,
+            "account": account,
+            "intent_fingerprint": intent_fingerprint,
+            "method": method,
+            "host": host,
+            "path": path,
+            "proxy_instance": proxy_instance,
+        }
+        with self._journal(), self.engine.begin() as conn:
+            row = conn.execute(insert(refusals).values(**values).returning(*refusals.c)).one()
+        return RefusalRecord(**row._mapping)
+
+    def list_refusals(
+        self,
+        since: datetime | None = None,
+        reason: RefusalReason | str | None = None,
+        blocking_operation_id: str | None = None,
+        limit: int | None = 100,
+    ) -> list[RefusalRecord]:
+        """Newest first."""
+        q = select(refusals).order_by(refusals.c.refused_at.desc(), refusals.c.id.desc())
+        if since is not None:
+            q = q.where(refusals.c.refused_at >= since)
+        if reason is not None:
+            q = q.where(refusals.c.reason == RefusalReason(reason).value)
+        if blocking_operation_id is not None:
+            q = q.where(refusals.c.blocking_operation_id == blocking_operation_id)
+        if limit is not None:
+            q = q.limit(limit)
+        with self._journal(), self._read() as conn:
+            return [RefusalRecord(**r._mapping) for r in conn.execute(q)]
 
     # -- proxy instances and crash recovery -------------------------------------------------------------
 
@@ -535,6 +629,8 @@ class ReceiptStore:
                         for r in rows
                     ],
                 )
+        for _ in rows:
+            metrics.transitioned(State.RECONCILING)
         return [ReceiptRecord.from_row(r) for r in rows]
 
     def release_expired_leases(self, by: str) -> list[str]:

@@ -79,6 +79,28 @@ def test_ls_older_than_finds_old_unknowns(cli, cli_store):
     assert code == 0 and [r["operation_id"] for r in json.loads(out)] == [old.operation_id]
 
 
+def test_ls_state_unknown_lists_every_unknown_state(cli, cli_store):
+    ids = {}
+    for target in (State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW, State.SUCCEEDED):
+        ids[target] = cli_store.record_intent(intent()).operation_id
+        walk(cli_store, ids[target], target)
+    code, out, _ = cli("ls", "--state", "unknown", "--json")
+    assert code == 0 and {r["operation_id"] for r in json.loads(out)} == {ids[State.OUTCOME_UNKNOWN], ids[State.MANUAL_REVIEW]}
+    code, out, _ = cli("ls", "--state", "open", "--json")
+    assert {r["state"] for r in json.loads(out)} == {"outcome_unknown", "manual_review"}
+    with pytest.raises(SystemExit) as e:
+        cli("ls", "--state", "unknowns")
+    assert e.value.code == 2
+
+
+def test_resolve_needs_a_note(cli, cli_store):
+    r = cli_store.record_intent(intent())
+    walk(cli_store, r.operation_id, State.MANUAL_REVIEW)
+    code, _, err = cli("resolve", r.operation_id, "--state", "succeeded", "--note", " ")
+    assert code == 2 and "note" in err and err.count("\n") == 1
+    assert cli_store.get(r.operation_id).state == "manual_review"
+
+
 def test_resolve_keeps_the_note_in_history(cli, cli_store):
     r = cli_store.record_intent(intent())
     walk(cli_store, r.operation_id, State.MANUAL_REVIEW)

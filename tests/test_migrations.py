@@ -19,7 +19,7 @@ from proxy_addon.db import (
 from proxy_addon.exceptions import DatabaseURLError, JournalUnavailableError, SchemaNotMigratedError
 from proxy_addon.models import Base
 
-TABLES = {"receipts", "receipt_transitions", "proxy_instances"}
+TABLES = {"receipts", "receipt_transitions", "proxy_instances", "duplicate_refusals"}
 
 
 def schema_diff(url: str) -> list:

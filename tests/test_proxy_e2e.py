@@ -349,6 +349,19 @@ def test_replay_after_success_returns_the_stored_answer(env: Env):
     assert env.ups["main"].count("POST", "/things") == before + 1
 
 
+def test_a_success_settled_by_a_person_is_refused_not_replayed(env: Env):
+    """Resolved succeeded after an unknown end, the receipt holds no upstream answer to replay: the retry
+    is refused (409 duplicate-succeeded), never answered with the 503 that once made it unknown."""
+    path = f"/status/503?settled={tag()}"
+    first = env.client.post(env.at("main", path), json={"settle": path})
+    operation_id = problem(first, 504, OUTCOME_UNKNOWN_TYPE)["operation_id"]
+    env.store.transition(operation_id, "outcome_unknown", "succeeded", {"who": "person:test", "note": "seen"})
+    again = env.client.post(env.at("main", path), json={"settle": path})
+    problem(again, 409, "duplicate-succeeded")
+    assert "X-Receipt-Replayed" not in again.headers
+    assert sum(1 for r in env.ups["main"].received if r.path == path) == 1  # the retry was not forwarded
+
+
 def test_after_success_policy_refuse(env: Env):
     path = f"/ok/{tag()}"
     first = env.client.post(env.at("refuse", path), json={"x": 1})

@@ -1,0 +1,116 @@
+"""Prometheus metrics, on this package's own registry (never the process-global default one).
+
+Counters and the journaling histogram count what this process did, at the place it happened (the store for
+transitions, the addon for refusals and journaling time, the reconciler for verdicts). What the database
+holds (receipts by state, the oldest open receipt's age) is read from the store at scrape time by
+StoreCollector, so every replica's admin port tells the same totals.
+"""
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy_addon.exceptions import ReceiptsError
+from proxy_addon.states import RefusalReason, State
+
+if TYPE_CHECKING:
+    from proxy_addon.store import ReceiptStore
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+TRANSITIONS = Counter(
+    "receipts_transitions",
+    "Receipt state changes recorded by this process, by the state reached.",
+    ["to_state"],
+    registry=REGISTRY,
+)
+DUPLICATES = Counter(
+    "receipts_duplicates",
+    "Requests answered from an earlier receipt (refused or replayed) instead of being forwarded, by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+RECONCILE_VERDICTS = Counter(
+    "receipts_reconcile_verdicts",
+    "Verdicts of the reconciliation worker, by the state given.",
+    ["state"],
+    registry=REGISTRY,
+)
+JOURNAL_SECONDS = Histogram(
+    "receipts_journal_seconds",
+    "Time from a write's arrival to its receipt committed as submitted, before it is forwarded.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    registry=REGISTRY,
+)
+
+for _s in State:  # every series exists from the start, at 0, so rates and alerts need no special case
+    TRANSITIONS.labels(_s.value)
+for _r in RefusalReason:
+    DUPLICATES.labels(_r.value)
+for _s in (State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN):
+    RECONCILE_VERDICTS.labels(_s.value)
+
+
+def transitioned(to_state: State | str) -> None:
+    TRANSITIONS.labels(str(to_state)).inc()
+
+
+def duplicate_refused(reason: RefusalReason | str) -> None:
+    DUPLICATES.labels(str(reason)).inc()
+
+
+def reconcile_verdict(state: State | str) -> None:
+    RECONCILE_VERDICTS.labels(str(state)).inc()
+
+
+def journaled(seconds: float) -> None:
+    JOURNAL_SECONDS.observe(seconds)
+
+
+class StoreCollector(Collector):
+    """Receipts by state and the oldest open receipt's age, queried when Prometheus scrapes."""
+
+    def __init__(self, store: "ReceiptStore"):
+        self.store = store
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not query the database
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("receipts_store_up", "1 when the store answered this scrape, 0 when it did not.")
+        try:
+            stats = self.store.stats()
+        except ReceiptsError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        by_state = GaugeMetricFamily("receipts_by_state", "Receipts in the database, by state.", labels=["state"])
+        for state, count in sorted(stats["by_state"].items()):
+            by_state.add_metric([state], count)
+        yield by_state
+        age = stats["oldest_open_age_seconds"]
+        yield GaugeMetricFamily(
+            "receipts_oldest_open_age_seconds",
+            "Age of the oldest open receipt, in seconds; 0 when none is open.",
+            value=age or 0.0,
+        )
+
+
+def registry_for(store: "ReceiptStore | None") -> CollectorRegistry:
+    """This process's counters, plus the store's gauges: what an admin server's /metrics serves."""
+    registry = CollectorRegistry(auto_describe=True)
+    for collector in (TRANSITIONS, DUPLICATES, RECONCILE_VERDICTS, JOURNAL_SECONDS):
+        registry.register(collector)
+    if store is not None:
+        registry.register(StoreCollector(store))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The text format body and its content type."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST

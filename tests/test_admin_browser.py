@@ -1,0 +1,121 @@
+"""The review page in a real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright): a receipt
+made through the real proxy is listed, its timeline opened, and a person settles it with a note.
+
+scripts/ensure-chromium installs the browser (`make test` runs it); Playwright never downloads one here.
+A screenshot of the settled receipt is written to tests/artifacts/admin.png for a person to look at.
+"""
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from proxy_addon.config import load_config
+from proxy_addon.reconcile import Reconciler
+from tests.conftest import IN_CI, migrate
+from tests.support.proxy import free_port, start_inprocess_proxy
+from tests.support.upstream import start_upstream
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+NOTE = "Checked the payment provider's dashboard: charge ch_4711 exists, created once at 14:02."
+
+
+def _need_browser():
+    problem = None
+    if not os.access(CHROMIUM, os.X_OK):
+        problem = f"{CHROMIUM} is missing (scripts/ensure-chromium installs it)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            problem = "playwright is not installed (pip install -e '.[test]')"
+    if problem:
+        if IN_CI:
+            pytest.fail(problem, pytrace=False)
+        pytest.skip(problem)
+
+
+@pytest.fixture
+def admin_proxy(sqlite_url, tmp_path):
+    """A real proxy whose `running` hook started the admin server (admin.enabled), and a real upstream."""
+    migrate(sqlite_url)
+    upstream = start_upstream()
+    port = free_port()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"secret_file: {tmp_path / 'secret'}\nadmin: {{enabled: true, listen_port: {port}}}\n")
+    proxy = start_inprocess_proxy(config, sqlite_url, tmp_path / "confdir")
+    admin_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                httpx.get(admin_url + "/openapi.json", timeout=1, trust_env=False).raise_for_status()
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    pytest.fail("the proxy's admin server did not answer within 15 s")
+                time.sleep(0.1)
+        yield proxy, upstream, admin_url, load_config(config)
+    finally:
+        proxy.stop()
+        upstream.stop()
+
+
+def test_a_person_settles_an_unknown_receipt_in_the_browser(admin_proxy):
+    _need_browser()
+    from playwright.sync_api import expect, sync_playwright
+
+    proxy, upstream, admin_url, config = admin_proxy
+    store = proxy.addon.store
+    with httpx.Client(proxy=proxy.url, trust_env=False, timeout=10) as agent:
+        answer = agent.post(f"{upstream.base}/status/503/charges", json={"amount": 4200, "currency": "EUR"})
+    assert answer.status_code == 504
+    op = answer.headers["X-Receipt-Id"]
+    assert store.get(op).state == "outcome_unknown"
+    report = asyncio.run(Reconciler(config, store, worker_id="test-reconciler").run_once())
+    assert report.claimed == 1 and store.get(op).state == "manual_review"  # no rule names it: a person decides
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(15_000)
+            page.goto(admin_url + "/")
+            row = page.locator("#receipts tbody tr", has_text=op)
+            expect(row).to_have_count(1)
+            expect(row).to_contain_text("manual_review")
+            expect(row).to_contain_text("POST /status/503/charges")
+            page.screenshot(path=str(ARTIFACTS / "admin-list.png"), full_page=True)
+
+            row.get_by_role("link", name=op).click()
+            expect(page.locator("h1")).to_contain_text("127.0.0.1")
+            expect(page.locator("#timeline li")).to_have_count(5)  # planned submitted unknown reconciling review
+            page.get_by_label("it happened (succeeded)").check()
+            page.get_by_label("Note (kept in the history)").fill(NOTE)
+            page.get_by_label("External id (optional)").fill("ch_4711")
+            page.get_by_label("Your name (optional)").fill("Ana (on call)")
+            page.screenshot(path=str(ARTIFACTS / "admin-form.png"), full_page=True)
+            page.get_by_role("button", name="Resolve").click()
+
+            expect(page.get_by_role("status")).to_contain_text("Resolved")
+            expect(page.locator("#state")).to_have_text("succeeded")
+            last = page.locator("#timeline li").last
+            expect(last).to_contain_text(NOTE)
+            expect(last).to_contain_text("person:Ana (on call)")
+            expect(page.locator("#resolve")).to_have_count(0)  # settled: no form any more
+            page.screenshot(path=str(ARTIFACTS / "admin.png"), full_page=True)
+        finally:
+            browser.close()
+
+    settled = store.get(op)
+    assert settled.state == "succeeded" and settled.external_id == "ch_4711"
+    last = store.history(op)[-1]
+    assert (last.from_state, last.to_state) == ("manual_review", "succeeded") and last.detail["note"] == NOTE
+    assert (ARTIFACTS / "admin.png").stat().st_size > 10_000
