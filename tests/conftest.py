@@ -5,28 +5,23 @@ that needs it is skipped when it is down; under CI=true it fails instead, becaus
 """
 
 import os
-import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from alembic import command
-from sqlalchemy.engine import make_url
 
 from proxy_addon.db import alembic_config, make_engine
 from proxy_addon.store import ReceiptStore
+from support.pg import fresh_database, libpq_url
 
 PG_URL = os.environ.get("RECEIPTS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def _libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 def _pg_available() -> str | None:
     try:
-        psycopg.connect(_libpq(PG_URL), connect_timeout=3).close()
+        psycopg.connect(libpq_url(PG_URL), connect_timeout=3).close()
         return None
     except psycopg.Error as e:
         return str(e).strip().splitlines()[0]
@@ -45,19 +40,8 @@ def pg_server() -> str:
 @pytest.fixture
 def pg_url(pg_server: str) -> Iterator[str]:
     """A fresh, empty database on the PostgreSQL server, dropped afterwards."""
-    name = f"receipts_t_{uuid.uuid4().hex[:12]}"
-    admin = psycopg.connect(_libpq(pg_server), autocommit=True)
-    admin.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(pg_server).set(database=name).render_as_string(hide_password=False)
-    try:
+    with fresh_database(pg_server) as url:
         yield url
-    finally:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
-        )
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.close()
 
 
 @pytest.fixture

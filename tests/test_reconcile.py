@@ -22,11 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 import pytest
 import yaml
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from conftest import migrate
 from proxy_addon.config import ReceiptsConfig, ReconcileRule, load_config
@@ -34,6 +32,7 @@ from proxy_addon.db import make_engine
 from proxy_addon.reconcile import Decision, PassReport, ReadOutcome, Reconciler, decide
 from proxy_addon.states import State
 from proxy_addon.store import ReceiptRecord, ReceiptStore, TransitionRecord
+from support.pg import fresh_database
 from support.proxy import REPO, RunningProxy, start_inprocess_proxy
 from support.world import COMMIT_THEN_HANG, DELETE_THEN_HANG, HANG_WITHOUT_DELETE, HANG_WITHOUT_STORE, OK, World, start_world
 
@@ -67,10 +66,6 @@ class Env:
         return asyncio.run(Reconciler(self.config, self.store, worker_id).run_once())
 
 
-def _libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def module_database(request, tmp_path_factory) -> Iterator[str]:
     """One migrated database per backend for the module (creating one per test costs more than the test)."""
@@ -79,20 +74,9 @@ def module_database(request, tmp_path_factory) -> Iterator[str]:
         migrate(url)
         yield url
         return
-    server = request.getfixturevalue("pg_server")
-    name = f"receipts_rc_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_libpq(server), autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        url = make_url(server).set(database=name).render_as_string(hide_password=False)
-        try:
-            migrate(url)
-            yield url
-        finally:
-            admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                (name,),
-            )
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    with fresh_database(request.getfixturevalue("pg_server"), prefix="receipts_rc") as url:
+        migrate(url)
+        yield url
 
 
 @pytest.fixture

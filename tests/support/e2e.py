@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import psycopg
 from alembic import command
-from sqlalchemy.engine import make_url
 
 from proxy_addon.db import alembic_config, make_engine
 from proxy_addon.store import ReceiptRecord, ReceiptStore
+from support.pg import fresh_database, libpq_url
 from support.upstream import Received, Upstream, _Handler
 
 PROBLEM_JSON = "application/problem+json"
@@ -34,31 +34,15 @@ def migrate(url: str) -> None:
     command.upgrade(alembic_config(url), "head")
 
 
-def _libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-@contextmanager
-def pg_database(server_url: str) -> Iterator[str]:
+def pg_database(server_url: str):
     """A fresh database on the PostgreSQL server for a whole module, dropped afterwards."""
-    name = f"receipts_e2e_{uuid.uuid4().hex[:12]}"
-    admin = psycopg.connect(_libpq(server_url), autocommit=True)
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            (name,),
-        )
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.close()
+    return fresh_database(server_url, prefix="receipts_e2e")
 
 
 def pg_rows_as_text(url: str) -> str:
     """Every row of every receipts table, as PostgreSQL renders it to text; bytea columns (shown as hex
     there) also in escape form, so that text inside stored bodies can be searched."""
-    with psycopg.connect(_libpq(url)) as conn:
+    with psycopg.connect(libpq_url(url)) as conn:
         chunks = []
         for table in ("receipts", "receipt_transitions", "proxy_instances"):
             chunks += [row[0] for row in conn.execute(f"SELECT t::text FROM {table} t")]
