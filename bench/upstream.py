@@ -1,0 +1,137 @@
+"""The benchmark's upstream: a fast HTTP/1.1 keep-alive server in raw asyncio, on 127.0.0.1 only.
+
+It answers every request `201 Created` with a small JSON body and keeps the connection open (unless the
+client sends `Connection: close`). It runs in its own process so that it does not share a GIL with the
+load client, prints `LISTENING <port>` on stdout once it accepts connections, and stops by itself when
+its parent dies or after --max-lifetime seconds.
+
+    python bench/upstream.py [--port 0] [--max-lifetime 3600]
+"""
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+MAX_HEAD = 64 * 1024
+MAX_BODY = 16 * 1024 * 1024
+
+
+class _Counter:
+    n = 0
+
+
+def _parse_chunked(buf: bytearray, start: int) -> int | None:
+    """The end offset of a complete chunked body starting at `start`, or None while incomplete."""
+    pos = start
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        size = int(bytes(buf[pos:eol]).split(b";")[0].strip() or b"0", 16)
+        pos = eol + 2
+        if size == 0:
+            # trailers (usually none) end with an empty line
+            end = buf.find(b"\r\n", pos)
+            while end >= 0 and end != pos:
+                pos = end + 2
+                end = buf.find(b"\r\n", pos)
+            return None if end < 0 else end + 2
+        if len(buf) < pos + size + 2:
+            return None
+        pos += size + 2
+
+
+class UpstreamProtocol(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        # a bounded loop: each pass consumes one whole request, or returns
+        while self.transport is not None and not self.transport.is_closing():
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                if len(self.buf) > MAX_HEAD:
+                    self._fail(b"431 Request Header Fields Too Large")
+                return
+            lines = bytes(self.buf[:head_end]).split(b"\r\n")
+            length = 0
+            chunked = False
+            close = False
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-length":
+                    try:
+                        length = int(value.strip())
+                    except ValueError:
+                        self._fail(b"400 Bad Request")
+                        return
+                elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                    chunked = True
+                elif name == b"connection" and b"close" in value.lower():
+                    close = True
+            if length > MAX_BODY:
+                self._fail(b"413 Content Too Large")
+                return
+            if chunked:
+                end = _parse_chunked(self.buf, head_end + 4)
+                if end is None:
+                    return
+            else:
+                end = head_end + 4 + length
+                if len(self.buf) < end:
+                    return
+            del self.buf[:end]
+            _Counter.n += 1
+            body = b'{"id":%d,"ok":true}' % _Counter.n
+            self.transport.write(
+                b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
+                % (len(body), b"Connection: close\r\n" if close else b"", body)
+            )
+            if close:
+                self.transport.close()
+                return
+
+    def _fail(self, status: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        self.transport.close()
+
+
+async def serve(port: int, max_lifetime: float) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(UpstreamProtocol, "127.0.0.1", port, backlog=1024, reuse_address=True)
+    bound = server.sockets[0].getsockname()[1]
+    print(f"LISTENING {bound}", flush=True)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    parent = os.getppid()
+    deadline = loop.time() + max_lifetime
+    async with server:
+        # bounded: wakes once a second, ends on a signal, when the parent is gone, or at the deadline
+        while not stop.is_set() and loop.time() < deadline and os.getppid() == parent:
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except TimeoutError:
+                pass
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--max-lifetime", type=float, default=3600.0)
+    args = p.parse_args()
+    asyncio.run(serve(args.port, args.max_lifetime))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
