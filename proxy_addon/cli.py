@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a failed operation, 2 bad usage (including a bad config
 import argparse
 import asyncio
 import json
+import logging
 import signal
 import sys
 import threading
@@ -103,6 +104,8 @@ async def _run_proxy(args: argparse.Namespace) -> int:
 
     from proxy_addon.addon import Receipts
 
+    logging.getLogger().setLevel(logging.INFO)  # mitmproxy's own lines ("HTTP(S) proxy listening at ...")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     opts = options.Options(listen_host=args.listen_host, listen_port=args.listen_port)
     if args.confdir:
         opts.update(confdir=args.confdir)
