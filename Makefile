@@ -25,6 +25,7 @@ run: migrate
 test: $(STAMP)
 	scripts/ensure-postgres
 	scripts/ensure-chromium
+	scripts/ensure-faketime
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

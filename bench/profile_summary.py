@@ -39,7 +39,7 @@ COMPONENTS: list[tuple[str, tuple[str, ...]]] = [
     ("structlog (logging)", ("structlog/",)),
     ("SQLAlchemy", ("sqlalchemy/",)),
     ("psycopg", ("psycopg/", "psycopg_binary/", "psycopg_pool/")),
-    ("httpx/httpcore (sending upstream)", ("httpx/", "httpcore/", "h11/", "anyio/", "sniffio/", "certifi/")),
+    ("h11 and stream I/O, or httpx/httpcore (sending upstream)", ("httpx/", "httpcore/", "h11/", "anyio/", "sniffio/", "certifi/")),
     ("mitmproxy", ("mitmproxy/", "mitmproxy_rs/")),
     ("pydantic", ("pydantic/", "pydantic_core/")),
 ]
@@ -79,8 +79,8 @@ INCLUSIVE: list[tuple[str, Any]] = [
     (BEGIN_WAIT, lambda fs: _has(fs, {"_on_begin"}, "proxy_addon/db.py")),
     (COMMIT, lambda fs: _has(fs, {"do_commit"})),
     ("SQLAlchemy (any frame)", lambda fs: _any_file(fs, "sqlalchemy/")),
-    ("forward.send_once (httpx send)", lambda fs: _has(fs, {"send_once"})),
-    ("httpx/httpcore (any frame)", lambda fs: _any_file(fs, "httpx/", "httpcore/", "h11/")),
+    ("forward.send_once (the upstream send)", lambda fs: _has(fs, {"send_once"})),
+    ("h11 or httpx/httpcore (any frame)", lambda fs: _any_file(fs, "httpx/", "httpcore/", "h11/")),
     ("structlog (any frame)", lambda fs: _any_file(fs, "structlog/")),
     ("heartbeat / recovery sweep", lambda fs: _any_file(fs, "proxy_addon/recovery.py")),
 ]

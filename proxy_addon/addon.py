@@ -27,6 +27,7 @@ from proxy_addon.exceptions import (
     IdempotencyKeyMismatchError,
     JournalUnavailableError,
     ReceiptsError,
+    SubmitNotRecordedError,
 )
 from proxy_addon.fingerprint import REDACTED
 from proxy_addon.forward import SendResult, TLSSettings, UpstreamSender
@@ -42,7 +43,7 @@ from proxy_addon.journal import (
 from proxy_addon.log import configure_logging, get_logger
 from proxy_addon.recovery import InstanceLiveness, new_instance_id
 from proxy_addon.states import State
-from proxy_addon.store import ReceiptRecord, ReceiptStore, new_operation_id
+from proxy_addon.store import NewIntent, ReceiptRecord, ReceiptStore, new_operation_id
 
 log = get_logger("receipts.proxy")
 
@@ -90,12 +91,20 @@ class Receipts:
     def _setup(self, config_path: str, database_url: str | None) -> None:
         config = load_config(config_path)
         configure_logging(config.logging.level, config.logging.format)
-        engine = make_engine(database_url or resolve_database_url(config.database.url))
+        # No pool_pre_ping (a round trip per checkout, several per request): the store runs a write
+        # transaction that failed on a connection dropped while idle once more (ReceiptStore._in_transaction).
+        engine = make_engine(database_url or resolve_database_url(config.database.url), pool_pre_ping=False)
         check_schema(engine)
         if self.store is not None:
+            self.store.close()
             self.store.engine.dispose()
         self.config = config
         self.store = ReceiptStore(engine)
+        if engine.dialect.name == "sqlite":
+            # SQLite has one writer at a time: journal threads writing themselves only fight over BEGIN
+            # IMMEDIATE and sleep in the busy handler's backoff. One writer thread commits what they queue,
+            # together (one fsync per batch); each request's transactions stay its own (savepoints).
+            self.store.enable_group_commit()
         self.hasher = AccountHasher(load_or_create_key(config.secret_file))
         if self.executor is None:
             self.executor = ThreadPoolExecutor(config.proxy.journal_threads, thread_name_prefix="receipts-journal")
@@ -145,6 +154,8 @@ class Receipts:
                 log.error("instance_stop_not_recorded", error=str(e))
         if self.sender is not None:
             await self.sender.aclose()
+        if self.store is not None:
+            self.store.close()
 
     # -- the hook -----------------------------------------------------------------------------------------
 
@@ -199,7 +210,8 @@ class Receipts:
             headers = list(flow.request.headers.fields)
             if policy.inject_idempotency_key and agent_key is None:
                 headers.append((policy.idempotency_key_header.encode(), receipt.operation_id.encode()))
-            log.info("receipt_submitted", operation=receipt.operation, method=facts.method, host=facts.host)
+            # at debug: the planned->submitted step is in the receipt's history; the verdict line is the canonical one
+            log.debug("receipt_submitted", operation=receipt.operation, method=facts.method, host=facts.host)
             result = await self.sender.send_once(
                 facts.method,
                 flow.request.url,
@@ -215,22 +227,19 @@ class Receipts:
 
     def _record(
         self, facts: RequestFacts, policy: HostPolicy, agent_key: str | None, operation_id: str
-    ) -> tuple[ReceiptRecord, OperationRule | None]:
+    ) -> tuple[NewIntent, OperationRule | None]:
         """Runs in the journal thread pool: fingerprint, decide, commit planned, commit submitted."""
         assert self.config and self.store and self.hasher
         key = agent_key if agent_key is not None else (operation_id if policy.inject_idempotency_key else None)
         intent, rule = build_intent(
             facts, policy, self.hasher, self.instance_id, self.config.proxy.max_stored_body, key, operation_id
         )
-        planned = self.store.record_intent(intent, policy.after_success)
         try:
-            submitted = self.store.transition(
-                planned.operation_id, State.PLANNED, State.SUBMITTED, {"who": self.instance_id}
-            )
-        except JournalUnavailableError:
-            self._abandon_planned(planned.operation_id)
+            self.store.record_and_submit(intent, policy.after_success, self.instance_id)
+        except SubmitNotRecordedError as e:
+            self._abandon_planned(e.operation_id)
             raise
-        return submitted, rule
+        return intent, rule
 
     def _abandon_planned(self, operation_id: str) -> None:
         """The request will not be sent: close its `planned` receipt, or the retry that the 503 invites
@@ -249,7 +258,7 @@ class Receipts:
             log.error("planned_receipt_left_open", operation_id=operation_id, error=str(e))
 
     async def _record_verdict(
-        self, receipt: ReceiptRecord, result: SendResult, verdict: Verdict, policy: HostPolicy
+        self, receipt: NewIntent, result: SendResult, verdict: Verdict, policy: HostPolicy
     ) -> str:
         assert self.config and self.store and self.executor
         updates: dict[str, Any] = {
@@ -271,7 +280,7 @@ class Receipts:
         try:
             await asyncio.get_running_loop().run_in_executor(
                 self.executor,
-                lambda: self.store.transition(receipt.operation_id, State.SUBMITTED, verdict.state, detail, **updates),
+                lambda: self.store.advance(receipt.operation_id, State.SUBMITTED, verdict.state, detail, **updates),
             )
         except ReceiptsError as e:
             # The upstream has answered but we could not write it down: the receipt stays `submitted`,
@@ -289,7 +298,7 @@ class Receipts:
     # -- answers ------------------------------------------------------------------------------------------
 
     def _answer(
-        self, flow: http.HTTPFlow, receipt: ReceiptRecord, result: SendResult, verdict: Verdict, state: str
+        self, flow: http.HTTPFlow, receipt: NewIntent, result: SendResult, verdict: Verdict, state: str
     ) -> http.Response:
         if verdict.state == State.OUTCOME_UNKNOWN:
             reason = (

@@ -30,6 +30,7 @@ from proxy_addon.exceptions import ConfigError
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+MAX_DURATION_SECONDS = 36500 * 86400.0  # a hundred years: still a datetime when added to or taken from now
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*(b|kb|kib|mb|mib)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2}
 
@@ -52,7 +53,10 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError(f"invalid duration {value!r} (use e.g. 30s, 15m, 24h)")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float
+            seconds = float("inf") if value > 0 else float("-inf")
     else:
         m = _DURATION_RE.match(str(value))
         if not m:
@@ -60,6 +64,8 @@ def parse_duration(value: Any) -> float:
         seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
     if seconds < 0:
         raise ValueError(f"invalid duration {value!r}: must not be negative")
+    if not seconds <= MAX_DURATION_SECONDS:  # also NaN: clock arithmetic with it would fail at run time
+        raise ValueError(f"invalid duration {value!r}: must be at most 36500d")
     return seconds
 
 
@@ -471,12 +477,16 @@ def admin_settings(config: ReceiptsConfig, **overrides: Any) -> AdminSettings:
 
 def describe_validation_error(e: ValidationError) -> str:
     err = e.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    loc = ".".join(
+        str(p) if str(p).isprintable() else repr(p)  # a key with a line break must not break the one line
+        for p in err["loc"]
+        if not (isinstance(p, str) and p.startswith("function-"))
+    )
     if err["type"] == "extra_forbidden":
         return f"{loc}: unknown key"
     if err["type"] == "missing":
         return f"{loc}: required key is missing"
-    msg = err["msg"]
+    msg = " ".join(err["msg"].splitlines())
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
     more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""

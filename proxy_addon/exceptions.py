@@ -17,6 +17,14 @@ class JournalUnavailableError(ReceiptsError):
     """A receipt could not be written (database down, disk full, read-only file); nothing may be forwarded."""
 
 
+class SubmitNotRecordedError(JournalUnavailableError):
+    """`planned` was committed but `submitted` could not be: the request must not be sent."""
+
+    def __init__(self, operation_id: str, message: str):
+        super().__init__(message)
+        self.operation_id = operation_id
+
+
 class SchemaNotMigratedError(ReceiptsError):
     """The database has not been migrated to the schema this code needs (`receipts db upgrade`)."""
 

@@ -2,6 +2,7 @@
 
 Structured bodies are canonicalised first, so that key order, whitespace and `1` vs `1.0` do not make a
 retry look new: JSON (sorted keys, compact, numbers normalised), forms and multipart (pairs sorted).
+A body that parses as JSON is treated as JSON whatever its declared type (but multipart).
 Anything else, or a body that does not parse as its declared type, is identified by its bytes, with a note;
 such an unparsed structured body is stored as the redaction marker alone, as its secret fields cannot be found.
 Secret fields are replaced by a marker before anything is hashed or stored.
@@ -44,15 +45,16 @@ def analyse_body(
     mime = (content_type or "").split(";", 1)[0].strip().lower()
     if mime == "application/json" or mime.endswith("+json"):
         return _json_identity(body, redact_fields, rule)
+    if not mime.startswith("multipart/form-data") and body.lstrip()[:1] in (b"{", b"["):
+        # JSON undeclared or declared as something else (text/plain; a form, as `curl -d` labels it) is
+        # still JSON: canonicalise and redact it rather than store its secrets raw
+        sniffed = _json_identity(body, redact_fields, rule)
+        if sniffed.kind == "json":
+            return sniffed
     if mime == "application/x-www-form-urlencoded":
         return _form_identity(body, redact_fields)
     if mime.startswith("multipart/form-data"):
         return _multipart_identity(content_type or "", body, redact_fields)
-    if not mime and body.lstrip()[:1] in (b"{", b"["):
-        # undeclared JSON is still JSON: canonicalise and redact it rather than store its secrets raw
-        sniffed = _json_identity(body, redact_fields, rule)
-        if sniffed.kind == "json":
-            return sniffed
     return _bytes_identity(body)
 
 

@@ -240,20 +240,25 @@ class Reconciler:
     async def run_once(self) -> PassReport:
         """Release expired leases, recover dead proxies' receipts, then work the due queue until it is empty."""
         report = PassReport()
-        pass_started = utcnow()  # a receipt put back during this pass waits for the next one, whatever its backoff
+        # a receipt put back during this pass waits for the next one, whatever its backoff; database time,
+        # as next_attempt_at is compared with it there (this worker's clock may be off)
+        pass_started = await asyncio.to_thread(self.store.db_now)
         await asyncio.to_thread(self.store.release_expired_leases, self.worker_id)
         await asyncio.to_thread(self._recover_dead_proxies)
         async with httpx.AsyncClient(trust_env=False, verify=self.settings.verify_tls) as client:
             self._client = client
             semaphore = asyncio.Semaphore(self.settings.concurrency)
             for _ in range(MAX_BATCHES_PER_PASS):
+                # the lease runs out `lease` after the database's now at the claim, which is after this
+                # moment: by this process's monotonic clock it is held until lease_ends, whatever its wall clock
+                lease_ends = time.monotonic() + self.settings.lease
                 claimed = await asyncio.to_thread(
                     self.store.claim_unknown, self.worker_id, self.settings.lease, self.settings.batch_size, pass_started
                 )
                 if not claimed:
                     break
                 report.claimed += len(claimed)
-                verdicts = await asyncio.gather(*[self._bounded(semaphore, r) for r in claimed])
+                verdicts = await asyncio.gather(*[self._bounded(semaphore, r, lease_ends) for r in claimed])
                 report.verdicts.update(v for v in verdicts if v)
             self._client = None
         return report
@@ -272,9 +277,9 @@ class Reconciler:
         p = self.config.proxy
         InstanceLiveness(self.store, self.worker_id, p.heartbeat_interval, p.instance_dead_after).sweep()
 
-    async def _bounded(self, semaphore: asyncio.Semaphore, receipt: ReceiptRecord) -> str | None:
+    async def _bounded(self, semaphore: asyncio.Semaphore, receipt: ReceiptRecord, lease_ends: float) -> str | None:
         async with semaphore:
-            if receipt.lease_expires_at is not None and utcnow() >= receipt.lease_expires_at:
+            if time.monotonic() >= lease_ends:
                 # it waited for a slot until its lease ran out: another worker may hold it by now, so no
                 # read (nor re-send) is made under a lease that is gone; the next pass releases it
                 log.warning("lease_expired_before_read", operation_id=receipt.operation_id, worker=self.worker_id)
@@ -310,7 +315,9 @@ class Reconciler:
             except Exception as e:  # a read that broke proves nothing about the world
                 log.error("reconcile_read_broke", operation_id=receipt.operation_id, error=f"{type(e).__name__}: {e}")
                 outcome = ReadOutcome("failed", {"error": f"{type(e).__name__}: {e}"[:300]})
-            decision = decide(receipt, rule.reconcile, rule.retry_safe, outcome, utcnow(), self.settings.backoff)
+            # database time: the retry time it writes is compared with the database's clock when claiming
+            now = await asyncio.to_thread(self.store.db_now)
+            decision = decide(receipt, rule.reconcile, rule.retry_safe, outcome, now, self.settings.backoff)
         detail = {"who": self.worker_id, "unknown_for_seconds": unknown_for, **decision.detail}
         await asyncio.to_thread(
             self.store.transition,

@@ -83,10 +83,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_proxy_process(config_path: Path, database_url: str, confdir: Path, log_path: Path, port: int | None = None):
-    """`receipts proxy` as its own process; returns (Popen, port) once it accepts connections."""
+def start_proxy_process(
+    config_path: Path, database_url: str, confdir: Path, log_path: Path, port: int | None = None, env: dict | None = None
+):
+    """`receipts proxy` as its own process (with `env` added to its environment); returns (Popen, port) once
+    it accepts connections."""
     port = port or free_port()
-    env = {**os.environ, "RECEIPTS_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "RECEIPTS_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1", **(env or {})}
     log = open(log_path, "ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy_addon.cli", "proxy", "--config", str(config_path),

@@ -1,0 +1,147 @@
+"""Two proxy replicas and a reconcile worker on one PostgreSQL, as docker-compose.yml runs them, started by
+scripts/topology.py (its `Topology`, the very code the README describes) on loopback ports.
+
+Bursts of one intent are sent to both replicas at the same moment (five agents on each, behind a barrier):
+the upstream sees each intent exactly once; every other agent, on either replica, is refused
+(409 duplicate-open) or answered from the receipt (replayed), always naming the one receipt. The worker
+settles the reset one by reading the upstream. Then mixed, duplicate-prone load goes to both replicas while
+one of them is SIGKILLed while it holds a write: the other one (or the worker) recovers its receipts
+without a restart, and the invariants hold.
+"""
+
+import os
+import signal
+import time
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+
+from faults.fault_harness import MIXED, Agents, Intent, answered_ids, burst, fault_config, intent_pool, load_topology
+from faults.invariants import check_scenario
+from faults.recording_upstream import RESET, SLOW, SUCCESS
+from proxy_addon.db import make_engine
+from proxy_addon.models import ProxyInstance
+from support.e2e import open_store, wait_for
+
+BURST_MODES = [SUCCESS, SLOW, RESET, SLOW]  # no reject: a rejected receipt invites a retry
+PER_PROXY = 5
+
+
+def slow(receipts: list) -> list:
+    """The receipts of slow writes: still in the upstream's hands for a while."""
+    return [r for r in receipts if b'"mode":"slow"' in (r.request_body or b"")]
+
+
+def test_bursts_to_both_replicas_are_forwarded_once_and_a_dead_replica_is_recovered(pg_server, upstream, tmp_path):
+    Topology = load_topology().Topology
+    config = fault_config(tmp_path, upstream)
+    sent = []
+    with Topology(config=config, workdir=tmp_path / "topology", server_url=pg_server) as topology:
+        database = topology.database_url
+        proxies = topology.proxy_urls
+        assert len(proxies) == 2 and topology.services["reconcile"].alive
+
+        reset_receipt = None
+        for i, mode in enumerate(BURST_MODES):
+            intent = Intent(f"burst-{i}-{time.monotonic_ns()}", mode, 0.5)
+            results = burst(proxies, upstream.items_url, intent, PER_PROXY)
+            sent += results
+            assert upstream.count(intent.tag) == 1, f"{mode} burst: the upstream saw it {upstream.count(intent.tag)} times"
+            first = [s for s in results if s.problem != "duplicate-open" and not s.replayed]
+            assert len(first) == 1, f"{mode} burst: {len(first)} answers not refused: {first}"
+            expected = {SUCCESS: (201, None), SLOW: (201, None), RESET: (504, "outcome-unknown")}[mode]
+            assert (first[0].status, first[0].problem) == expected, first[0]
+            assert {s.receipt_id for s in results} == {first[0].receipt_id}, "an answer names another receipt"
+            other = [s for s in results if s.proxy != first[0].proxy]
+            assert len(other) == PER_PROXY and all(s.problem == "duplicate-open" or s.replayed for s in other)
+            if mode == RESET:
+                reset_receipt = first[0].receipt_id
+
+        with open_store(database) as store:
+            settled = wait_for(lambda: store.get(reset_receipt).state == "succeeded", 20, 0.2)
+            assert settled, f"the worker did not settle the reset write: {store.get(reset_receipt).state}"
+            assert store.history(reset_receipt)[-1].detail.get("result") == "present"
+
+        # mixed load on both; one replica dies under it and is recovered by the survivor or the worker
+        agents = Agents(proxies, upstream.items_url, intent_pool(20, MIXED, seed=5, slow_seconds=0.6), threads=6,
+                        per_thread=60, seconds=12, seed=21).start()
+        victim = topology.services["proxy-1"]
+        try:
+            with open_store(database) as store:
+                def in_flight(states=("planned", "submitted")) -> list:
+                    receipts = store.list_receipts(states=list(states), limit=None)
+                    return [r for r in receipts if r.proxy_instance and f"-{victim.proc.pid}-" in r.proxy_instance]
+
+                # kill it while it holds a slow write it has sent (a quick one could be answered before the kill)
+                assert wait_for(lambda: upstream.count() >= len(BURST_MODES) + 8 and slow(in_flight(["submitted"])), 10, 0.02)
+                victim.kill()
+                recovered = wait_for(lambda: not in_flight(), 30, 0.2)
+                assert recovered, f"the dead replica's receipts were not recovered: {in_flight()}"
+                interrupted = [r for r in store.list_receipts(limit=None) if r.error_code == "proxy_interrupted"]
+        finally:
+            sent += agents.stop()
+        assert interrupted, "the kill landed on no write in flight"
+        with open_store(database) as store:
+            assert wait_for(lambda: not store.list_receipts(states=["planned", "submitted"], limit=None), 10, 0.1)
+        check_scenario("two replicas, bursts and a replica killed (postgresql)", database, upstream.received(),
+                       len(sent), answered_ids(sent))
+
+
+def instance_row(database: str, pid: int) -> dict | None:
+    engine = make_engine(database)
+    try:
+        with engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(select(ProxyInstance.__table__).where(ProxyInstance.pid == pid))]
+    finally:
+        engine.dispose()
+    return rows[-1] if rows else None
+
+
+def test_a_replica_stalled_past_dead_after_and_later_killed_is_recovered_again(pg_server, upstream, tmp_path):
+    """proxy-1 is frozen (SIGSTOP) for longer than `instance_dead_after`: the other replica and the worker
+    cannot tell it from a dead one, and recover its receipts. It wakes up (SIGCONT), heartbeats and serves
+    again. When it is SIGKILLed later, holding a write, its receipts must be recovered once more, within 30 s."""
+    Topology = load_topology().Topology
+    config = fault_config(tmp_path, upstream)
+    sent = []
+    with Topology(config=config, workdir=tmp_path / "topology", server_url=pg_server) as topology:
+        database = topology.database_url
+        victim = topology.services["proxy-1"]
+        pid = victim.proc.pid
+        agents = Agents(topology.proxy_urls, upstream.items_url, intent_pool(30, MIXED, seed=9, slow_seconds=0.6),
+                        threads=6, per_thread=80, seconds=25, seed=33).start()
+        try:
+            with open_store(database) as store:
+                def holding(since: datetime | None = None) -> list:
+                    return [r for r in store.list_receipts(states=["submitted"], limit=None)
+                            if r.proxy_instance and f"-{pid}-" in r.proxy_instance and (since is None or r.created_at > since)]
+
+                def recovered(ops: list[str]) -> bool:
+                    """Each went submitted -> outcome_unknown as proxy_interrupted (the worker may have settled it since)."""
+                    step = ("submitted", "outcome_unknown", "proxy_interrupted")
+                    return all(
+                        any((t.from_state, t.to_state, t.detail.get("error")) == step for t in store.history(op)) for op in ops
+                    )
+
+                assert wait_for(holding, 10, 0.02), "proxy-1 never held a write"
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    taken_for_dead = wait_for(lambda: (instance_row(database, pid) or {}).get("recovered_at"), 15, 0.2)
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                assert taken_for_dead, "nobody took the frozen replica for dead"
+                woke = datetime.now(UTC)
+                held = wait_for(lambda: slow(holding(woke)), 10, 0.02)
+                victim.kill()
+                assert held, "proxy-1 did not take a write again after waking up"
+                assert wait_for(lambda: not holding() and recovered([r.operation_id for r in held]), 30, 0.2), (
+                    f"the killed replica's receipts not recovered 30 s later: {[r.operation_id for r in holding()]}, "
+                    f"{[(op, store.get(op).state) for op in (r.operation_id for r in held)]}; "
+                    f"its instance row: {instance_row(database, pid)}"
+                )
+        finally:
+            sent += agents.stop()
+        with open_store(database) as store:
+            assert wait_for(lambda: not store.list_receipts(states=["planned", "submitted"], limit=None), 10, 0.1)
+        check_scenario("replica frozen past dead_after, then killed (postgresql)", database, upstream.received(),
+                       len(sent), answered_ids(sent))
