@@ -17,33 +17,9 @@ import time
 from collections import Counter
 from typing import Any
 
+from http1 import ProtocolError, chunked_end
+
 MAX_HEAD = 64 * 1024
-
-
-class ProtocolError(Exception):
-    pass
-
-
-def _chunked_end(buf: bytearray, start: int) -> int | None:
-    pos = start
-    while True:
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            return None
-        try:
-            size = int(bytes(buf[pos:eol]).split(b";")[0].strip() or b"0", 16)
-        except ValueError:
-            raise ProtocolError("bad chunk size") from None
-        pos = eol + 2
-        if size == 0:
-            end = buf.find(b"\r\n", pos)
-            while end >= 0 and end != pos:
-                pos = end + 2
-                end = buf.find(b"\r\n", pos)
-            return None if end < 0 else end + 2
-        if len(buf) < pos + size + 2:
-            return None
-        pos += size + 2
 
 
 class ClientConnection(asyncio.Protocol):
@@ -93,7 +69,7 @@ class ClientConnection(asyncio.Protocol):
             headers[name.strip().lower()] = value.strip()
         start = head_end + 4
         if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
-            end = _chunked_end(self.buf, start)
+            end = chunked_end(self.buf, start)
             if end is None:
                 return None
             body = bytes(self.buf[start:end])

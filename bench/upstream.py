@@ -14,33 +14,14 @@ import os
 import signal
 import sys
 
+from http1 import chunked_end
+
 MAX_HEAD = 64 * 1024
 MAX_BODY = 16 * 1024 * 1024
 
 
 class _Counter:
     n = 0
-
-
-def _parse_chunked(buf: bytearray, start: int) -> int | None:
-    """The end offset of a complete chunked body starting at `start`, or None while incomplete."""
-    pos = start
-    while True:
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            return None
-        size = int(bytes(buf[pos:eol]).split(b";")[0].strip() or b"0", 16)
-        pos = eol + 2
-        if size == 0:
-            # trailers (usually none) end with an empty line
-            end = buf.find(b"\r\n", pos)
-            while end >= 0 and end != pos:
-                pos = end + 2
-                end = buf.find(b"\r\n", pos)
-            return None if end < 0 else end + 2
-        if len(buf) < pos + size + 2:
-            return None
-        pos += size + 2
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -81,7 +62,7 @@ class UpstreamProtocol(asyncio.Protocol):
                 self._fail(b"413 Content Too Large")
                 return
             if chunked:
-                end = _parse_chunked(self.buf, head_end + 4)
+                end = chunked_end(self.buf, head_end + 4)
                 if end is None:
                     return
             else:
