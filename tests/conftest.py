@@ -61,6 +61,20 @@ def migrate(url: str) -> None:
     command.upgrade(alembic_config(url), "head")
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def module_db_url(request, tmp_path_factory) -> Iterator[str]:
+    """One migrated database per backend for a whole module, for modules that share one proxy or world
+    (creating one per test costs more than the test)."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('module_db') / 'receipts.db'}"
+        migrate(url)
+        yield url
+        return
+    with fresh_database(request.getfixturevalue("pg_server"), prefix="receipts_mod") as url:
+        migrate(url)
+        yield url
+
+
 @pytest.fixture
 def migrated_url(db_url: str) -> str:
     migrate(db_url)

@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from support.e2e import open_store, pg_database, proxy_client, received, tag
-from support.e2e import migrate as migrate_url
+from support.e2e import open_store, proxy_client, received, tag
 from support.proxy import start_inprocess_proxy
 from support.upstream import start_upstream
 
@@ -25,20 +24,8 @@ def upstream():
         up.stop()
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def module_db(request, tmp_path_factory):
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'receipts.db'}"
-        migrate_url(url)
-        yield url
-        return
-    with pg_database(request.getfixturevalue("pg_server")) as url:
-        migrate_url(url)
-        yield url
-
-
 @pytest.fixture(scope="module")
-def env(module_db, upstream, tmp_path_factory):
+def env(module_db_url, upstream, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("proxy")
     config = tmp / "config.yaml"
     config.write_text(
@@ -47,9 +34,9 @@ def env(module_db, upstream, tmp_path_factory):
         "  max_stored_body: 1KiB\n"
         f"  max_stored_response: {MAX_STORED_RESPONSE}\n"
     )
-    proxy = start_inprocess_proxy(config, module_db, tmp / "confdir")
+    proxy = start_inprocess_proxy(config, module_db_url, tmp / "confdir")
     try:
-        with open_store(module_db) as store, proxy_client(proxy.url) as client:
+        with open_store(module_db_url) as store, proxy_client(proxy.url) as client:
             yield store, client, upstream
     finally:
         proxy.stop()

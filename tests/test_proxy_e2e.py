@@ -20,7 +20,6 @@ from support.e2e import (
     PROBLEM_JSON,
     failing_receipt_writes,
     open_store,
-    pg_database,
     pg_rows_as_text,
     proxy_client,
     receipts_for,
@@ -87,26 +86,14 @@ def module_config(tmp: Path, ups: dict[str, Upstream]) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def module_db(request, tmp_path_factory):
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'receipts.db'}"
-        migrate_url(url)
-        yield url
-        return
-    with pg_database(request.getfixturevalue("pg_server")) as url:
-        migrate_url(url)
-        yield url
-
-
 @pytest.fixture(scope="module")
-def env(module_db, upstreams, tmp_path_factory):
+def env(module_db_url, upstreams, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("proxy")
     config = module_config(tmp, upstreams)
-    proxy = start_inprocess_proxy(config, module_db, tmp / "confdir")
+    proxy = start_inprocess_proxy(config, module_db_url, tmp / "confdir")
     try:
-        with open_store(module_db) as store, proxy_client(proxy.url) as client:
-            yield Env(proxy, store, module_db, upstreams, client, config)
+        with open_store(module_db_url) as store, proxy_client(proxy.url) as client:
+            yield Env(proxy, store, module_db_url, upstreams, client, config)
     finally:
         proxy.stop()
 

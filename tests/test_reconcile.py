@@ -26,13 +26,11 @@ import pytest
 import yaml
 from sqlalchemy import text
 
-from conftest import migrate
 from proxy_addon.config import ReceiptsConfig, ReconcileRule, load_config
 from proxy_addon.db import make_engine
 from proxy_addon.reconcile import Decision, PassReport, ReadOutcome, Reconciler, decide
 from proxy_addon.states import State
 from proxy_addon.store import ReceiptRecord, ReceiptStore, TransitionRecord
-from support.pg import fresh_database
 from support.proxy import REPO, RunningProxy, start_inprocess_proxy
 from support.world import COMMIT_THEN_HANG, DELETE_THEN_HANG, HANG_WITHOUT_DELETE, HANG_WITHOUT_STORE, OK, World, start_world
 
@@ -66,30 +64,17 @@ class Env:
         return asyncio.run(Reconciler(self.config, self.store, worker_id).run_once())
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def module_database(request, tmp_path_factory) -> Iterator[str]:
-    """One migrated database per backend for the module (creating one per test costs more than the test)."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('reconcile') / 'receipts.db'}"
-        migrate(url)
-        yield url
-        return
-    with fresh_database(request.getfixturevalue("pg_server"), prefix="receipts_rc") as url:
-        migrate(url)
-        yield url
-
-
 @pytest.fixture
-def db_url(module_database: str) -> str:
+def db_url(module_db_url: str) -> str:
     """The module's database, emptied: every test starts with no receipt and no proxy instance."""
-    engine = make_engine(module_database)
+    engine = make_engine(module_db_url)
     try:
         with engine.begin() as conn:
             for table in ("receipt_transitions", "receipts", "proxy_instances"):
                 conn.execute(text(f"DELETE FROM {table}"))
     finally:
         engine.dispose()
-    return module_database
+    return module_db_url
 
 
 @pytest.fixture

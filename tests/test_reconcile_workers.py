@@ -18,7 +18,6 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from conftest import migrate
 from proxy_addon.config import ReceiptsConfig, parse_config
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import StaleStateError
@@ -42,18 +41,8 @@ def world() -> Iterator[World]:
 
 
 @pytest.fixture
-def url(db_url: str) -> str:
-    migrate(db_url)
-    return db_url
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[ReceiptStore]:
-    engine = make_engine(url)
-    try:
-        yield ReceiptStore(engine)
-    finally:
-        engine.dispose()
+def url(migrated_url: str) -> str:
+    return migrated_url
 
 
 def config_for(world: World) -> ReceiptsConfig:
