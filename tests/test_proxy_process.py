@@ -3,7 +3,6 @@ through mitmproxy's CA to a TLS upstream, and recovery after a SIGKILL in the mi
 
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from support.e2e import (
     wait_for,
 )
 from support.e2e import migrate as migrate_url
-from support.proxy import REPO, free_port, start_inprocess_proxy, start_proxy_process
+from support.proxy import REPO, accepts, free_port, start_inprocess_proxy, start_proxy_process
 from support.upstream import start_upstream
 
 MITMDUMP = Path(sys.executable).parent / "mitmdump"
@@ -109,7 +108,7 @@ def test_mitmdump_with_the_addon_script_journals_a_post(sqlite_url, upstream, tm
             env={**os.environ, "RECEIPTS_DATABASE_URL": sqlite_url},
         )
     try:
-        assert wait_for(lambda: _accepts(port) or proc.poll() is not None, 30), "mitmdump did not start"
+        assert wait_for(lambda: accepts(port) or proc.poll() is not None, 30), "mitmdump did not start"
         assert proc.poll() is None, log_path.read_text()
         path = f"/mitmdump/{tag()}"
         with proxy_client(f"http://127.0.0.1:{port}") as client:
@@ -124,14 +123,6 @@ def test_mitmdump_with_the_addon_script_journals_a_post(sqlite_url, upstream, tm
     assert receipt.operation_id == r.headers["X-Receipt-Id"]
     assert receipt.state == "succeeded"
     assert upstream.count("POST", path) == 1
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 # -- HTTPS --------------------------------------------------------------------------------------------------

@@ -83,6 +83,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def accepts(port: int) -> bool:
+    """Whether something listens on this loopback port."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
 def start_proxy_process(
     config_path: Path, database_url: str, confdir: Path, log_path: Path, port: int | None = None, env: dict | None = None
 ):
@@ -100,10 +109,8 @@ def start_proxy_process(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"receipts proxy exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        if accepts(port):
             return proc, port
-        except OSError:
-            time.sleep(0.1)
+        time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
     raise RuntimeError("receipts proxy did not start listening within 30 s")
