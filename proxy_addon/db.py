@@ -22,6 +22,11 @@ DATABASE_URL_ENV = "RECEIPTS_DATABASE_URL"
 DEFAULT_DATABASE_URL = "sqlite:///receipts.db"
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
+SQLITE_READONLY = 8  # primary result code; the extended SQLITE_READONLY_* codes share its low byte
+# A transaction of ours never waits on the client between statements for more than a few milliseconds.
+# One that does belongs to a process that is frozen (SIGSTOP, a paused VM) or lost: PostgreSQL ends its
+# session, so that the row locks it holds do not stall the replica that recovers the frozen instance's receipts.
+PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 5_000
 
 
 def resolve_database_url(configured: str | None) -> str:
@@ -65,6 +70,7 @@ def make_engine(raw_url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("max_overflow", 10)
     connect_args = kwargs.pop("connect_args", {})
     connect_args.setdefault("connect_timeout", 5)
+    connect_args.setdefault("options", f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}")
     return create_engine(url, connect_args=connect_args, **kwargs)
 
 
@@ -88,6 +94,15 @@ def _sqlite_engine(url: URL, **kwargs: Any) -> Engine:
     def _on_begin(conn: Any) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "IMMEDIATE")
         conn.exec_driver_sql(f"BEGIN {mode}")
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context: Any) -> None:
+        # A connection opened while the file could not be written (read-only mount, immutable file, full
+        # disk) stays read-only after the file is writable again. Discard it like a dropped connection, so
+        # that the pool opens a fresh one instead of failing every later write on it.
+        code = getattr(context.original_exception, "sqlite_errorcode", None)
+        if code is not None and code & 0xFF == SQLITE_READONLY:
+            context.is_disconnect = True
 
     return engine
 

@@ -2,19 +2,22 @@
 and failing closed (nothing half-written) when the journal cannot be written."""
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
 from alembic import command
 from sqlalchemy import text, update
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from store_helpers import S, count, intent, walk
 
-from proxy_addon.db import alembic_config, make_engine
+from proxy_addon.db import PG_IDLE_IN_TRANSACTION_TIMEOUT_MS, alembic_config, make_engine
 from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError
 from proxy_addon.states import OPEN_STATES, TERMINAL_STATES
-from proxy_addon.store import ReceiptStore, receipts, transitions, utcnow
+from proxy_addon.store import ReceiptStore, instances, receipts, transitions, utcnow
 
 
 @pytest.mark.parametrize("death", ["stopped", "silent"])
@@ -132,3 +135,53 @@ def test_a_failed_history_write_leaves_nothing_half_written(store):
         store.transition(existing.operation_id, S.PLANNED, S.SUBMITTED)
     assert store.get(existing.operation_id) == existing
     assert (count(store, receipts), count(store, transitions)) == (1, 1)
+
+
+def test_sqlite_writes_resume_once_the_file_is_writable_again(sqlite_url):
+    """Connections opened while the file could not be written are read-only for good; the store must not
+    keep them, or it fails closed forever after the outage (heartbeats included)."""
+    from faults.fault_harness import unwritable_sqlite
+
+    command.upgrade(alembic_config(sqlite_url), "head")
+    store = ReceiptStore(make_engine(sqlite_url, pool_size=2))
+    try:
+        store.register_instance("A", "h", 1)
+        with unwritable_sqlite(Path(make_url(sqlite_url).database)):
+            store.engine.dispose()  # the pool's next connections are opened while the file is unwritable
+            for _ in range(4):  # every pooled connection tried, and fresh ones opened, while unwritable
+                with pytest.raises(JournalUnavailableError):
+                    store.record_intent(intent())
+                with pytest.raises(JournalUnavailableError):
+                    store.heartbeat("A")
+        for _ in range(4):
+            store.heartbeat("A")
+            op = store.record_intent(intent()).operation_id
+            assert store.transition(op, S.PLANNED, S.SUBMITTED).state == S.SUBMITTED
+    finally:
+        store.engine.dispose()
+
+
+def test_a_frozen_transaction_does_not_stall_recovery_on_postgres(pg_url):
+    """A proxy frozen (SIGSTOP) inside a transaction holds its row locks; the server ends such an idle
+    transaction (db.PG_IDLE_IN_TRANSACTION_TIMEOUT_MS), so the replica recovering it is held up, not stalled."""
+    command.upgrade(alembic_config(pg_url), "head")
+    store, frozen_engine = ReceiptStore(make_engine(pg_url)), make_engine(pg_url)
+    try:
+        store.register_instance("frozen", "h", 1)
+        op = store.record_intent(intent(proxy_instance="frozen")).operation_id
+        store.transition(op, S.PLANNED, S.SUBMITTED)
+        frozen = frozen_engine.connect()
+        frozen.begin()
+        frozen.execute(update(receipts).where(receipts.c.operation_id == op).values(updated_at=utcnow()))
+        frozen.execute(update(instances).where(instances.c.instance_id == "frozen").values(heartbeat_at=utcnow()))
+
+        recovering = ThreadPoolExecutor(1).submit(store.recover_instance, "frozen", "B")
+        recovered = recovering.result(timeout=PG_IDLE_IN_TRANSACTION_TIMEOUT_MS / 1000 + 20)
+
+        assert [(r.operation_id, r.to_state) for r in recovered] == [(op, S.OUTCOME_UNKNOWN)]
+        assert store.dead_instances(None, 3600.0) == []  # recovered_at was written: the row lock was released
+        with pytest.raises(DBAPIError, match="idle-in-transaction"):
+            frozen.execute(text("SELECT 1"))  # the frozen session was ended by the server
+    finally:
+        frozen_engine.dispose()
+        store.engine.dispose()
