@@ -67,6 +67,8 @@ class Receipts:
         # operation ids this process is working on; its other planned/submitted receipts are orphans
         self.in_flight: set[str] = set()
         self._tasks: list[asyncio.Task[Any]] = []
+        self._active: tuple[str, str] | None = None  # (receipts_config, receipts_database_url) set up
+        self._failure: str | None = None
 
     # -- mitmproxy lifecycle ----------------------------------------------------------------------------
 
@@ -80,13 +82,28 @@ class Receipts:
         )
 
     def configure(self, updated: set[str]) -> None:
-        if "receipts_config" in updated or "receipts_database_url" in updated:
-            try:
-                self._setup(ctx.options.receipts_config, ctx.options.receipts_database_url or None)
-            except ReceiptsError as e:
-                raise exceptions.OptionsError(str(e)) from e
+        if updated & {"receipts_config", "receipts_database_url"}:
+            self._configure_journal((ctx.options.receipts_config, ctx.options.receipts_database_url))
         if self.config and updated & {"ssl_insecure", "ssl_verify_upstream_trusted_ca", "ssl_verify_upstream_trusted_confdir"}:
             self._new_sender()
+
+    def _configure_journal(self, wanted: tuple[str, str]) -> None:
+        """Set up for these option values, unless they are the ones already set up.
+
+        mitmproxy answers a failed option update by configuring again with the values from before it. When
+        nothing was set up yet those are the defaults, whose own failure (no ./config.yaml) would hide the
+        one that matters: then the earlier failure is reported."""
+        if wanted == self._active:
+            return
+        try:
+            self._setup(wanted[0], wanted[1] or None)
+        except ReceiptsError as e:
+            defaults = tuple(ctx.options.default(name) for name in ("receipts_config", "receipts_database_url"))
+            if self._active is None and wanted == defaults and self._failure is not None:
+                raise exceptions.OptionsError(self._failure) from e
+            self._failure = str(e)
+            raise exceptions.OptionsError(str(e)) from e
+        self._active, self._failure = wanted, None
 
     def _setup(self, config_path: str, database_url: str | None) -> None:
         config = load_config(config_path)
@@ -94,7 +111,12 @@ class Receipts:
         # No pool_pre_ping (a round trip per checkout, several per request): the store runs a write
         # transaction that failed on a connection dropped while idle once more (ReceiptStore._in_transaction).
         engine = make_engine(database_url or resolve_database_url(config.database.url), pool_pre_ping=False)
-        check_schema(engine)
+        try:
+            check_schema(engine)
+            key = load_or_create_key(config.secret_file)
+        except ReceiptsError:
+            engine.dispose()
+            raise
         if self.store is not None:
             self.store.close()
             self.store.engine.dispose()
@@ -105,7 +127,7 @@ class Receipts:
             # IMMEDIATE and sleep in the busy handler's backoff. One writer thread commits what they queue,
             # together (one fsync per batch); each request's transactions stay its own (savepoints).
             self.store.enable_group_commit()
-        self.hasher = AccountHasher(load_or_create_key(config.secret_file))
+        self.hasher = AccountHasher(key)
         if self.executor is None:
             self.executor = ThreadPoolExecutor(config.proxy.journal_threads, thread_name_prefix="receipts-journal")
         self.liveness = InstanceLiveness(

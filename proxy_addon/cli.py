@@ -57,16 +57,26 @@ def _age(since: datetime | None) -> str:
     return f"{seconds}s"
 
 
+_UNBROKEN_COLUMNS = frozenset({"operation_id", "blocking_operation_id"})
+_PIPED_WIDTH = 240
+
+
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
     table = Table(title=title, show_lines=False)
-    for c in columns:
-        table.add_column(c, overflow="fold")
-    for row in rows:
-        table.add_row(*["" if v is None else str(v) for v in row])
-    Console().print(table)
+    for i, c in enumerate(columns):
+        # ids and states are copied and grepped: never broken across lines; the rest folds to fit
+        if c in _UNBROKEN_COLUMNS:
+            table.add_column(c, no_wrap=True, min_width=max([len(c), *(len(r[i]) for r in cells)]))
+        else:
+            table.add_column(c, overflow="fold")
+    for row in cells:
+        table.add_row(*row)
+    # a terminal's own width; piped output (grep, less, a file) as wide as the table needs
+    Console(width=None if sys.stdout.isatty() else _PIPED_WIDTH).print(table)
 
 
 # -- commands -----------------------------------------------------------------------------------------------

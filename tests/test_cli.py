@@ -208,3 +208,17 @@ def test_db_upgrade_command_in_a_fresh_directory(tmp_path):
         env={"PATH": str(env_python.parent), "HOME": str(tmp_path)},
     )
     assert again.returncode == 0 and json.loads(again.stdout) == []
+
+
+def test_tables_keep_each_operation_id_whole_on_one_line(cli, cli_store):
+    """An operator copies or greps ids out of `ls` and `show`, piped or not: never folded across lines."""
+    ops = []
+    for target in (State.MANUAL_REVIEW, State.SUCCEEDED):
+        ops.append(cli_store.record_intent(intent(query="q=" + "long-value-" * 12)).operation_id)
+        walk(cli_store, ops[-1], target)
+    code, out, _ = cli("ls")
+    assert code == 0
+    for op in ops:
+        assert len([line for line in out.splitlines() if op in line]) == 1, out
+    code, out, _ = cli("show", ops[0])
+    assert code == 0 and ops[0] in out and "manual_review" in out

@@ -5,6 +5,8 @@ import json
 import os
 import re
 import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qsl
 
 import pytest
@@ -279,3 +281,20 @@ def test_undeclared_json_is_redacted_like_declared_json():
     assert sniffed.kind == "json"
     assert b"undeclared-secret" not in sniffed.stored
     assert analyse_body(None, b"{not json", frozenset({"password"})).kind == "bytes"
+
+
+def test_replicas_creating_the_key_file_at_once_all_read_the_same_whole_key(tmp_path, monkeypatch):
+    """Proxies started together on one secret_file: none may read it half-written, and all must use one key."""
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    for attempt in range(20):
+        path = tmp_path / f"secret-{attempt}"
+        start = threading.Barrier(8)
+
+        def load() -> bytes:
+            start.wait(10)
+            return load_or_create_key(path)
+
+        with ThreadPoolExecutor(8) as pool:
+            keys = {f.result() for f in [pool.submit(load) for _ in range(8)]}
+        assert keys == {path.read_text().strip().encode()}
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted(f"secret-{i}" for i in range(20))  # no drafts left

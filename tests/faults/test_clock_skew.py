@@ -97,8 +97,9 @@ def db_now(store: ReceiptStore) -> datetime:
 # -- heartbeats -------------------------------------------------------------------------------------------------
 
 
-def proxy_config(tmp: Path) -> Path:
-    path = tmp / "proxy.yaml"
+def proxy_config(tmp: Path, name: str) -> Path:
+    """Each replica its own file (replicas start in parallel); the same secret_file for both."""
+    path = tmp / f"{name}.yaml"
     path.write_text(
         f"secret_file: {tmp / 'secret'}\n"
         "logging: {level: warning, format: json}\n"
@@ -115,7 +116,7 @@ class Replica:
         self.name, self.skew = name, skew
         self.log = tmp / f"{name}.log"
         self.proc, self.port = start_proxy_process(
-            proxy_config(tmp), url, tmp / f"confdir-{name}", self.log, env=faketime_env(skew) if skew else None
+            proxy_config(tmp, name), url, tmp / f"confdir-{name}", self.log, env=faketime_env(skew) if skew else None
         )
         self.answers: list[httpx.Response | Exception] = []
 
