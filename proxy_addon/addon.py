@@ -27,6 +27,7 @@ from proxy_addon.exceptions import (
     IdempotencyKeyMismatchError,
     JournalUnavailableError,
     ReceiptsError,
+    StaleStateError,
     SubmitNotRecordedError,
 )
 from proxy_addon.fingerprint import REDACTED
@@ -276,6 +277,8 @@ class Receipts:
                 error_code="not_sent",
                 error_message="the receipt could not be marked submitted, so the request was not sent",
             )
+        except StaleStateError as e:
+            log.info("planned_receipt_settled_elsewhere", operation_id=operation_id, state=e.actual)
         except ReceiptsError as e:
             log.error("planned_receipt_left_open", operation_id=operation_id, error=str(e))
 

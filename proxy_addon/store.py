@@ -278,6 +278,8 @@ class ReceiptStore:
                         )
                 except JournalUnavailableError as e:
                     raise SubmitNotRecordedError(intent.operation_id, str(e)) from e
+                except StaleStateError as e:  # another instance settled it first (it took this one for dead)
+                    raise SubmitNotRecordedError(intent.operation_id, f"cannot mark it submitted: {e}") from e
         except DuplicateIntentError as e:
             e.intent = intent
             raise

@@ -447,6 +447,30 @@ def test_a_receipt_that_cannot_be_marked_submitted_does_not_block_the_retry(env:
     assert env.ups["main"].count("POST", path) == 1
 
 
+def test_a_receipt_recovered_elsewhere_before_it_was_submitted_is_not_sent(env: Env, monkeypatch):
+    """This proxy stalled between `planned` and `submitted` and another instance took it for dead and settled
+    the receipt: the lost compare-and-set must stop the send, and say so, not fail as an internal error."""
+    path = f"/recovered-meanwhile/{tag()}"
+    store = env.proxy.addon.store
+    plan = store._plan
+
+    def plan_then_recovered_by_another(conn, intent, after_success):
+        plan(conn, intent, after_success)
+        env.store.transition(intent.operation_id, "planned", "rejected", {"who": "other-instance", "error": "not_sent"},
+                             error_code="not_sent")
+
+    monkeypatch.setattr(store, "_plan", plan_then_recovered_by_another)
+    document = problem(env.client.post(env.at("main", path), json={"x": 1}), 503, "journal-unavailable")
+    assert "is 'rejected', not 'planned'" in document["detail"] and "internal error" not in document["detail"]
+    assert env.ups["main"].count("POST", path) == 0
+    [receipt] = receipts_for(env.store, path)
+    assert (receipt.state, receipt.error_code) == ("rejected", "not_sent")
+    monkeypatch.undo()
+    r = env.client.post(env.at("main", path), json={"x": 1})
+    assert r.status_code == 201, r.text
+    assert env.ups["main"].count("POST", path) == 1
+
+
 def test_a_verdict_that_cannot_be_written_is_settled_by_the_live_proxy(env: Env):
     """The upstream answered but the verdict could not be journaled: the receipt must not stay `submitted`
     for as long as this proxy lives; its own sweep makes it outcome_unknown, which still blocks a retry."""
