@@ -68,7 +68,7 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
     cells = [["" if v is None else str(v) for v in row] for row in rows]
     table = Table(title=title, show_lines=False)
     for i, c in enumerate(columns):
-        # ids and states are copied and grepped: never broken across lines; the rest folds to fit
+        # ids are copied and grepped: never broken across lines; the rest folds to fit
         if c in _UNBROKEN_COLUMNS:
             table.add_column(c, no_wrap=True, min_width=max([len(c), *(len(r[i]) for r in cells)]))
         else:

@@ -70,8 +70,17 @@ def make_engine(raw_url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("max_overflow", 10)
     connect_args = kwargs.pop("connect_args", {})
     connect_args.setdefault("connect_timeout", 5)
-    connect_args.setdefault("options", f"-c idle_in_transaction_session_timeout={PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}")
-    return create_engine(url, connect_args=connect_args, **kwargs)
+    engine = create_engine(url, connect_args=connect_args, **kwargs)
+    if "idle_in_transaction_session_timeout" not in str(url.query.get("options", "")):
+        # a SET on each new connection, not a startup `options` parameter: PgBouncer refuses unknown ones
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            with dbapi_conn.cursor() as cur:
+                cur.execute(f"SET idle_in_transaction_session_timeout = {PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}")
+            dbapi_conn.commit()
+
+    return engine
 
 
 def _sqlite_engine(url: URL, **kwargs: Any) -> Engine:

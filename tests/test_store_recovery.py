@@ -185,3 +185,20 @@ def test_a_frozen_transaction_does_not_stall_recovery_on_postgres(pg_url):
     finally:
         frozen_engine.dispose()
         store.engine.dispose()
+
+
+def test_postgres_sessions_keep_the_urls_own_options_beside_the_idle_timeout(pg_url):
+    """The idle-in-transaction limit is added to every session, but never overrides what the URL asks for."""
+    def settings(url: str) -> tuple[str, str]:
+        engine = make_engine(url)
+        try:
+            with engine.connect() as c:
+                return (c.exec_driver_sql("SHOW statement_timeout").scalar(),
+                        c.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar())
+        finally:
+            engine.dispose()
+
+    ours = f"{PG_IDLE_IN_TRANSACTION_TIMEOUT_MS // 1000}s"
+    assert settings(pg_url)[1] == ours
+    assert settings(pg_url + "?options=-c%20statement_timeout%3D12345") == ("12345ms", ours)
+    assert settings(pg_url + "?options=-c%20idle_in_transaction_session_timeout%3D61000")[1] == "61s"
