@@ -65,20 +65,25 @@ def make_engine(raw_url: str, **kwargs: Any) -> Engine:
     url = parse_database_url(raw_url)
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url, **kwargs)
+    return _postgres_engine(url, **kwargs)
+
+
+def _postgres_engine(url: URL, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 10)
     connect_args = kwargs.pop("connect_args", {})
     connect_args.setdefault("connect_timeout", 5)
     engine = create_engine(url, connect_args=connect_args, **kwargs)
-    if "idle_in_transaction_session_timeout" not in str(url.query.get("options", "")):
-        # a SET on each new connection, not a startup `options` parameter: PgBouncer refuses unknown ones
+    if "idle_in_transaction_session_timeout" in str(url.query.get("options", "")):
+        return engine  # the URL's own value wins
 
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            with dbapi_conn.cursor() as cur:
-                cur.execute(f"SET idle_in_transaction_session_timeout = {PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}")
-            dbapi_conn.commit()
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # a SET on each new connection, not a startup `options` parameter: PgBouncer refuses unknown ones
+        with dbapi_conn.cursor() as cur:
+            cur.execute(f"SET idle_in_transaction_session_timeout = {PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}")
+        dbapi_conn.commit()
 
     return engine
 
