@@ -7,6 +7,8 @@
 3. No intent forwarded twice while its receipt was open: the upstream saw one tag again only after the
    receipt of the earlier send had ended terminal-and-retryable (`rejected`, `safe_to_retry`) before the
    next receipt was created; and the receipts of one intent (account, fingerprint) never were open at once.
+   "Before" is the database's order of the history rows (`Journal.opened`, `Journal.closed`), never the
+   receipts' timestamps: see `Journal.closed` for why that order is sound and the timestamps are not.
 4. No half-written state: every receipt's history starts with its creation (-> planned), each step is one
    the contract allows (`states.is_allowed`) and starts where the previous one ended, and the last step's
    `to_state` is the receipt's state; terminal receipts have `completed_at`; no history row without its receipt.
@@ -80,6 +82,32 @@ class Journal:
 
     def reached_submitted(self, operation_id: str) -> bool:
         return any(t["to_state"] == State.SUBMITTED.value for t in self.history.get(operation_id, []))
+
+    def opened(self, operation_id: str) -> int | None:
+        """The id of the history row that created the receipt (-> planned)."""
+        return next((t["id"] for t in self.history.get(operation_id, []) if t["from_state"] is None), None)
+
+    def closed(self, operation_id: str) -> int | None:
+        """The id of the history row that ended the receipt (the first into a terminal state), None while open.
+
+        Why history ids and not `created_at`/`completed_at`: those are the writer's clock read before its
+        transaction began (README, "Which time is which"), so a receipt created just after another one
+        closed can carry the earlier timestamp (issue 16: 0.4 ms apart, both transactions correct).
+        The ids are drawn inside the writing transactions, and they grow in the order they are drawn (a
+        PostgreSQL sequence; SQLite's rowid, under its one write lock). A correct proxy creates B only after
+        its decision saw A closed, that is after A's closing transaction committed, and that transaction drew
+        A's closing id before its commit; B's creation id is drawn after B's decision. So a closing id larger
+        than the next creation id proves that B was created while A was still open: a real violation, never
+        a false alarm. (What id order cannot show, ids drawn in one order and committed in the other, cannot
+        happen on SQLite, and on PostgreSQL the open-intent unique index makes B's insert wait for the
+        transaction that is closing A.)"""
+        terminal = {s.value for s in TERMINAL_STATES}
+        return next((t["id"] for t in self.history.get(operation_id, []) if t["to_state"] in terminal), None)
+
+    def closed_before_opened(self, earlier: str, later: str) -> bool:
+        """Whether `earlier` ended before `later` was created, in the database's order."""
+        closed, opened = self.closed(earlier), self.opened(later)
+        return closed is not None and opened is not None and closed < opened
 
 
 def read_journal(database_url: str) -> Journal:
@@ -178,10 +206,11 @@ def find_violations(
                 a, b = receipts.get(earlier.operation_id), receipts.get(later.operation_id)
                 if a is None or b is None:
                     continue  # already reported as lost
-                if a["state"] not in RETRYABLE_TERMINAL or a["completed_at"] is None or a["completed_at"] > b["created_at"]:
+                if a["state"] not in RETRYABLE_TERMINAL or not journal.closed_before_opened(a["operation_id"], b["operation_id"]):
                     found.duplicates.append(
                         f"tag {tag}: forwarded under {later.operation_id} while {earlier.operation_id} was "
-                        f"{a['state']} (completed {a['completed_at']}, next created {b['created_at']})"
+                        f"{a['state']} (closed by history row {journal.closed(a['operation_id'])}, "
+                        f"next created by row {journal.opened(b['operation_id'])})"
                     )
         else:
             allowed = 1 + sum(1 for op in submitted_by_tag.get(tag or "", []) if receipts[op]["state"] in RETRYABLE_TERMINAL)
@@ -191,9 +220,9 @@ def find_violations(
     for rec in receipts.values():
         by_intent[(rec["account"], rec["intent_fingerprint"])].append(rec)
     for intent, recs in by_intent.items():
-        recs.sort(key=lambda r: r["created_at"])
+        recs.sort(key=lambda r: journal.opened(r["operation_id"]) or 0)
         for a, b in pairwise(recs):
-            if a["completed_at"] is None or a["completed_at"] > b["created_at"]:
+            if not journal.closed_before_opened(a["operation_id"], b["operation_id"]):
                 found.duplicates.append(
                     f"intent {intent[1][:20]}: {b['operation_id']} was created while {a['operation_id']} was open"
                 )

@@ -1,21 +1,32 @@
 """The invariant checker itself, on journals built by hand: it finds each kind of violation it promises to
 find, so that a green fault suite means something."""
 
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import insert, text
+from store_helpers import intent, raw_row
 
-from faults.invariants import Journal, find_violations
+from faults.invariants import Journal, find_violations, read_journal
 from faults.recording_upstream import Reception
+from proxy_addon.states import State
+from proxy_addon.store import receipts, transitions, utcnow
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def receipt(op: str, tag: str, path: list[str], created: float = 0.0, completed: float | None = None) -> tuple[dict, list[dict]]:
+    """A receipt and its history; step i happens at `created + i`, the last one at `completed` when given.
+    A step's history id is its time in milliseconds: the database's order follows the times here."""
     steps, previous = [], None
     for i, to in enumerate(path):
-        at = T0 + timedelta(seconds=created + i)
-        steps.append({"operation_id": op, "from_state": previous, "to_state": to, "recorded_at": at})
+        seconds = completed if completed is not None and i == len(path) - 1 else created + i
+        at = T0 + timedelta(seconds=seconds)
+        steps.append({"id": round(seconds * 1000), "operation_id": op, "from_state": previous, "to_state": to, "recorded_at": at})
         previous = to
     row = {
         "operation_id": op,
@@ -87,3 +98,66 @@ def test_history_without_its_receipt_is_half_written():
 def test_knowingly_unjournaled_sends_are_not_lost():
     r = got("a", None, 1, send="open")
     assert find_violations(journal(), [r], unjournaled_sends=[r.send_id]).problems == []
+
+
+# -- the checker on real databases: the interleaving of issue 16, and a real overlap -------------------------
+
+
+def _journal_of(store) -> Journal:
+    return read_journal(store.engine.url.render_as_string(hide_password=False))
+
+
+def test_a_receipt_created_just_after_another_closed_is_no_violation(store):
+    """Issue 16's interleaving, made deterministic: B's writer reads its clock (created_at), then A is closed
+    (completed_at, later by that clock) and committed, then B decides, sees A closed, and is created. The
+    proxy did right; a checker ordering by the timestamps called it a duplicate forward."""
+    a = intent(fingerprint="sha256:" + "a" * 64, request_body=b'{"tag": "a"}')
+    store.record_and_submit(a, None, "proxy-1")
+    b = replace(a, operation_id="op_b_" + uuid.uuid4().hex[:8])
+    b_waiting, a_closed = threading.Event(), threading.Event()
+    plain_write = store._write
+
+    def write(work, conn=None):
+        if threading.current_thread().name.startswith("creating-b"):  # B's clock was read before this call
+            b_waiting.set()
+            assert a_closed.wait(10)
+        return plain_write(work, conn)
+
+    store._write = write
+    with ThreadPoolExecutor(1, thread_name_prefix="creating-b") as pool:
+        creating_b = pool.submit(store.record_and_submit, b, None, "proxy-1")
+        assert b_waiting.wait(10)
+        store.advance(a.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
+        a_closed.set()
+        creating_b.result(10)
+    store.advance(b.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
+
+    journal = _journal_of(store)
+    ra, rb = journal.receipts[a.operation_id], journal.receipts[b.operation_id]
+    assert rb["created_at"] < ra["completed_at"], "the interleaving did not happen"
+    sent = [got("a", a.operation_id, 1), got("a", b.operation_id, 2)]
+    assert find_violations(journal, sent).problems == []
+
+
+def test_a_receipt_created_while_another_was_open_is_found(store):
+    """The same two receipts, but B written while A is still open, past the decision and the open-intent
+    index (dropped here): the checker must call it a duplicate forward, although B's timestamps are later."""
+    a = intent(fingerprint="sha256:" + "b" * 64, request_body=b'{"tag": "a"}')
+    store.record_and_submit(a, None, "proxy-1")
+    b = replace(a, operation_id="op_b_" + uuid.uuid4().hex[:8])
+    with store.engine.begin() as conn:
+        conn.execute(text("DROP INDEX uq_receipts_open_intent"))
+        now = utcnow()
+        conn.execute(insert(receipts), {**raw_row(b.intent_fingerprint, b.account), "operation_id": b.operation_id,
+                                        "request_body": b'{"tag": "a"}', "state": "planned"})
+        conn.execute(insert(transitions), {"operation_id": b.operation_id, "from_state": None, "to_state": "planned",
+                                           "recorded_at": now, "detail": {}})
+    store.advance(a.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
+    store.advance(b.operation_id, State.PLANNED, State.SUBMITTED, {"who": "proxy-1"})
+    store.advance(b.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
+
+    journal = _journal_of(store)
+    sent = [got("a", a.operation_id, 1), got("a", b.operation_id, 2)]
+    found = find_violations(journal, sent)
+    assert any(b.operation_id in p and "forwarded under" in p for p in found.duplicates), found.problems
+    assert any("was created while" in p for p in found.duplicates), found.problems
