@@ -26,6 +26,8 @@ test: $(STAMP)
 	scripts/ensure-postgres
 	scripts/ensure-chromium
 	scripts/ensure-faketime
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

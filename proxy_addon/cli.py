@@ -5,6 +5,7 @@ Exit codes: 0 success, 1 a failed operation, 2 bad usage (including a bad config
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import signal
@@ -16,16 +17,13 @@ from typing import Any, NoReturn
 
 from proxy_addon.config import ReceiptsConfig, admin_settings, load_config, parse_duration
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
+from proxy_addon.documents import LIST_COLUMNS, PUBLIC_COLUMNS, dumps, expand_states, receipt_document, show_document
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
-from proxy_addon.review import PUBLIC_COLUMNS, dumps, expand_states, receipt_document, resolve, show_document
+from proxy_addon.review import resolve
 from proxy_addon.states import RESOLUTION_STATES
 from proxy_addon.store import ReceiptStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(ReceiptsError):
-    """The command line or its input is wrong (exit 2)."""
 
 
 # -- plumbing -----------------------------------------------------------------------------------------------
@@ -55,6 +53,10 @@ def _age(since: datetime | None) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def _plain(value: Any) -> Any:
+    return value
 
 
 _UNBROKEN_COLUMNS = frozenset({"operation_id", "blocking_operation_id"})
@@ -112,7 +114,7 @@ async def _run_proxy(args: argparse.Namespace) -> int:
     from mitmproxy import exceptions, options
     from mitmproxy.tools.dump import DumpMaster
 
-    from proxy_addon.addon import Receipts
+    from proxy_addon.addon import make_addons
 
     logging.getLogger().setLevel(logging.INFO)  # mitmproxy's own lines ("HTTP(S) proxy listening at ...")
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -120,7 +122,7 @@ async def _run_proxy(args: argparse.Namespace) -> int:
     if args.confdir:
         opts.update(confdir=args.confdir)
     master = DumpMaster(opts, with_termlog=True, with_dumper=False)
-    master.addons.add(Receipts())
+    master.addons.add(*make_addons())
     try:
         # lazy: with HTTPS, do not open an upstream connection before the request is known
         opts.update(connection_strategy="lazy", receipts_config=args.config, ssl_insecure=args.ssl_insecure)
@@ -140,25 +142,23 @@ def cmd_ls(args: argparse.Namespace) -> int:
     store = _store(args)
     states = expand_states([args.state]) if args.state else None
     older = timedelta(seconds=parse_duration(args.older_than)) if args.older_than else None
-    rows = store.list_receipts(states=states, host=args.host, older_than=older, limit=args.limit)
+    rows = store.receipts.list(states=states, host=args.host, older_than=older, limit=args.limit)
     if args.json:
         _print_json([receipt_document(r) for r in rows])
         return EXIT_OK
+    shown = {"created_at": _age}
     _table(
         f"receipts ({len(rows)})",
-        ["operation_id", "state", "operation", "host", "status", "age", "error", "external_id"],
-        [
-            (r.operation_id, r.state, r.operation, r.host, r.status_code, _age(r.created_at), r.error_code, r.external_id)
-            for r in rows
-        ],
+        list(LIST_COLUMNS),
+        [[shown.get(field, _plain)(getattr(r, field)) for field in LIST_COLUMNS.values()] for r in rows],
     )
     return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     store = _store(args)
-    receipt = store.get(args.id)
-    history = store.history(args.id)
+    receipt = store.receipts.get(args.id)
+    history = store.receipts.history(args.id)
     if args.json:
         _print_json(show_document(receipt, history))
         return EXIT_OK
@@ -186,24 +186,24 @@ def cmd_resolve(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     store = _store(args)
-    stats = store.stats()
+    stats = store.retention.stats()
     if args.json:
-        _print_json(stats)
+        _print_json(dataclasses.asdict(stats))
         return EXIT_OK
-    _table("by state", ["state", "count"], sorted(stats["by_state"].items()))
+    _table("by state", ["state", "count"], sorted(stats.by_state.items()))
     _table(
         "by host",
         ["host", "state", "count"],
-        [(h, s, n) for h, per in sorted(stats["by_host"].items()) for s, n in sorted(per.items())],
+        [(h, s, n) for h, per in sorted(stats.by_host.items()) for s, n in sorted(per.items())],
     )
-    age = stats["oldest_open_age_seconds"]
+    age = stats.oldest_open_age_seconds
     print(f"oldest open receipt: {'none' if age is None else f'{age:.0f}s'}")
     return EXIT_OK
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
     store = _store(args)
-    deleted = store.prune(timedelta(seconds=parse_duration(args.older_than)))
+    deleted = store.retention.prune(timedelta(seconds=parse_duration(args.older_than)))
     if args.json:
         _print_json({"deleted": deleted})
     else:
@@ -212,7 +212,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_admin(args: argparse.Namespace) -> int:
-    from proxy_addon.admin import AdminServer
+    from proxy_addon.admin.server import AdminServer
 
     config = _config(args)
     store = _store(args, config)
@@ -233,7 +233,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from proxy_addon.reconcile import run_reconcile
+    from proxy_addon.reconcile.worker import run_reconcile
 
     config = _config(args)
     return run_reconcile(config, _store(args, config), once=args.once)
@@ -325,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, UsageError, InvalidResolutionError) as e:
+    except (ConfigError, InvalidResolutionError) as e:
         print(f"receipts: {e}", file=sys.stderr)
         return EXIT_USAGE
     except ReceiptsError as e:

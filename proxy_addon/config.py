@@ -86,7 +86,7 @@ def _compile_jsonpath(value: Any) -> "JsonPath":
         raise ValueError(f"invalid JSON path {value!r} (write it like $.id or $.items[0].id)")
     try:
         return JsonPath(value, parse_jsonpath(value))
-    except Exception as e:  # jsonpath-ng raises bare Exceptions on syntax errors
+    except Exception as e:  # noqa: BLE001 - jsonpath-ng raises bare Exceptions on syntax errors
         raise ValueError(f"invalid JSON path {value!r}: {e}") from None
 
 

@@ -1,8 +1,13 @@
 """Everything that can go wrong, one class per failure, so callers catch exactly what they handle."""
 
+from proxy_addon.records import Blocker, BlockKind, Intent
+
 
 class ReceiptsError(Exception):
     """Base of every error this package raises on purpose."""
+
+
+# -- configuration and set-up -----------------------------------------------------------------------------------
 
 
 class ConfigError(ReceiptsError):
@@ -11,6 +16,13 @@ class ConfigError(ReceiptsError):
 
 class DatabaseURLError(ConfigError):
     """The database URL cannot be used."""
+
+
+class SchemaNotMigratedError(ReceiptsError):
+    """The database has not been migrated to the schema this code needs (`receipts db upgrade`)."""
+
+
+# -- the journal --------------------------------------------------------------------------------------------------
 
 
 class JournalUnavailableError(ReceiptsError):
@@ -25,24 +37,12 @@ class SubmitNotRecordedError(JournalUnavailableError):
         self.operation_id = operation_id
 
 
-class SchemaNotMigratedError(ReceiptsError):
-    """The database has not been migrated to the schema this code needs (`receipts db upgrade`)."""
-
-
 class ReceiptNotFoundError(ReceiptsError):
     """No receipt has this operation id."""
 
 
 class IllegalTransitionError(ReceiptsError):
     """The contract does not allow this state change."""
-
-
-class NotResolvableError(ReceiptsError):
-    """A person may resolve only a manual_review or outcome_unknown receipt; this one is in another state."""
-
-
-class InvalidResolutionError(ReceiptsError):
-    """A person's resolution is malformed: a state other than succeeded or safe_to_retry, or no note."""
 
 
 class StaleStateError(ReceiptsError):
@@ -55,14 +55,40 @@ class StaleStateError(ReceiptsError):
         self.actual = actual
 
 
-class DuplicateIntentError(ReceiptsError):
-    """Base for a request refused because an earlier receipt for the same intent says so."""
+# -- duplicates: an earlier receipt stands in the way -------------------------------------------------------------
 
-    def __init__(self, operation_id: str, state: str, message: str):
+
+class DuplicateIntentError(ReceiptsError):
+    """A request refused because an earlier receipt for the same intent stands in its way (`blocker`)."""
+
+    def __init__(self, blocker: Blocker, intent: Intent, message: str):
         super().__init__(message)
-        self.operation_id = operation_id
-        self.state = state
-        self.intent: object = None  # the refused NewIntent, set by the store
+        self.blocker = blocker
+        self.intent = intent  # the refused request's intent, for the refusal log
+
+    @property
+    def operation_id(self) -> str:
+        return self.blocker.receipt.operation_id
+
+    @property
+    def state(self) -> str:
+        return self.blocker.receipt.state
+
+    @staticmethod
+    def of(blocker: Blocker, intent: Intent) -> "DuplicateIntentError":
+        """The error for this blocker's kind, with its one-line message."""
+        r = blocker.receipt
+        if blocker.kind == BlockKind.KEY_MISMATCH:
+            key = intent.idempotency_key
+            return IdempotencyKeyMismatchError(
+                blocker, intent, f"Idempotency-Key {key!r} was used by {r.operation_id} for a different request"
+            )
+        if blocker.kind == BlockKind.SUCCEEDED:
+            when = f"{r.completed_at:%Y-%m-%dT%H:%M:%SZ}" if r.completed_at else "an unknown time"
+            return DuplicateSucceededError(blocker, intent, f"the same request succeeded as {r.operation_id} at {when}")
+        return DuplicateOpenError(
+            blocker, intent, f"a receipt for the same request is still open: {r.operation_id} is {r.state}"
+        )
 
 
 class DuplicateOpenError(DuplicateIntentError):
@@ -72,11 +98,35 @@ class DuplicateOpenError(DuplicateIntentError):
 class DuplicateSucceededError(DuplicateIntentError):
     """The same intent succeeded within the host's after_success window."""
 
-    def __init__(self, operation_id: str, state: str, message: str, receipt: object = None, policy: str = "refuse"):
-        super().__init__(operation_id, state, message)
-        self.receipt = receipt
-        self.policy = policy
-
 
 class IdempotencyKeyMismatchError(DuplicateIntentError):
     """The agent reused an Idempotency-Key for a request with a different fingerprint."""
+
+
+# -- a person's verdict -------------------------------------------------------------------------------------------
+
+
+class NotResolvableError(ReceiptsError):
+    """A person may resolve only a manual_review or outcome_unknown receipt; this one is in another state."""
+
+
+class InvalidResolutionError(ReceiptsError):
+    """A person's resolution is malformed: a state other than succeeded or safe_to_retry, or no note."""
+
+
+# -- reconciliation -----------------------------------------------------------------------------------------------
+
+
+class UnreadableRule(ReceiptsError):
+    """The rule cannot be applied to this receipt (a value it needs is missing or redacted)."""
+
+
+class ReadNotPossible(ReceiptsError):
+    """The read cannot be made now (an environment variable it needs is not set); it proves nothing."""
+
+
+# -- the admin server ---------------------------------------------------------------------------------------------
+
+
+class BadRequest(ReceiptsError):
+    """A query parameter or a body the admin API cannot use (400)."""

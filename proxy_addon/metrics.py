@@ -6,18 +6,19 @@ holds (receipts by state, the oldest open receipt's age) is read from the store 
 StoreCollector, so every replica's admin port tells the same totals.
 """
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy_addon.exceptions import ReceiptsError
+from proxy_addon.records import JournalStats
 from proxy_addon.states import RefusalReason, State
 
-if TYPE_CHECKING:
-    from proxy_addon.store import ReceiptStore
+# the journal's counts, read at scrape time (store.retention.stats); a callable, so that this module, which
+# the store reports its transitions to, does not import the store
+JournalStatsReader = Callable[[], JournalStats]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -73,8 +74,8 @@ def journaled(seconds: float) -> None:
 class StoreCollector(Collector):
     """Receipts by state and the oldest open receipt's age, queried when Prometheus scrapes."""
 
-    def __init__(self, store: "ReceiptStore"):
-        self.store = store
+    def __init__(self, read_stats: JournalStatsReader):
+        self.read_stats = read_stats
 
     def describe(self) -> list[Metric]:
         return []  # registering must not query the database
@@ -82,7 +83,7 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("receipts_store_up", "1 when the store answered this scrape, 0 when it did not.")
         try:
-            stats = self.store.stats()
+            stats = self.read_stats()
         except ReceiptsError:
             up.add_metric([], 0)
             yield up
@@ -90,10 +91,10 @@ class StoreCollector(Collector):
         up.add_metric([], 1)
         yield up
         by_state = GaugeMetricFamily("receipts_by_state", "Receipts in the database, by state.", labels=["state"])
-        for state, count in sorted(stats["by_state"].items()):
+        for state, count in sorted(stats.by_state.items()):
             by_state.add_metric([state], count)
         yield by_state
-        age = stats["oldest_open_age_seconds"]
+        age = stats.oldest_open_age_seconds
         yield GaugeMetricFamily(
             "receipts_oldest_open_age_seconds",
             "Age of the oldest open receipt, in seconds; 0 when none is open.",
@@ -101,13 +102,13 @@ class StoreCollector(Collector):
         )
 
 
-def registry_for(store: "ReceiptStore | None") -> CollectorRegistry:
+def registry_for(read_stats: JournalStatsReader | None) -> CollectorRegistry:
     """This process's counters, plus the store's gauges: what an admin server's /metrics serves."""
     registry = CollectorRegistry(auto_describe=True)
     for collector in (TRANSITIONS, DUPLICATES, RECONCILE_VERDICTS, JOURNAL_SECONDS):
         registry.register(collector)
-    if store is not None:
-        registry.register(StoreCollector(store))
+    if read_stats is not None:
+        registry.register(StoreCollector(read_stats))
     return registry
 
 

@@ -1,8 +1,9 @@
-"""The OpenAPI 3.1 document of the admin server's JSON API, written by hand (served at /openapi.json)."""
+"""The OpenAPI 3.1 document of the admin server's JSON API (served at /openapi.json); the receipt's schema is
+generated from documents.ReceiptView, the rest written here."""
 
 from typing import Any
 
-from proxy_addon.review import PUBLIC_COLUMNS
+from proxy_addon.documents import ReceiptView
 from proxy_addon.states import RESOLUTION_STATES, State
 
 _STATES = [s.value for s in State]
@@ -11,35 +12,15 @@ _TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
 _TEXT_OR_NULL = {"type": ["string", "null"]}
 _INT_OR_NULL = {"type": ["integer", "null"]}
 
-_RECEIPT_PROPERTIES: dict[str, Any] = {
-    "operation_id": {"type": "string", "description": "the receipt's id, `op_` and 32 hex digits"},
-    "operation": {"type": "string", "description": "the rule's name, or `METHOD host path-template`"},
-    "method": {"type": "string"},
-    "scheme": {"type": "string"},
-    "host": {"type": "string"},
-    "port": {"type": "integer"},
-    "path": {"type": "string"},
-    "query": _TEXT_OR_NULL,
-    "intent_fingerprint": {"type": "string", "pattern": "^sha256:[0-9a-f]+$"},
-    "account": {"type": "string", "description": "a keyed hash of the credentials, never the credentials"},
-    "idempotency_key": _TEXT_OR_NULL,
-    "state": {"$ref": "#/components/schemas/State"},
-    "created_at": _TIME,
-    "updated_at": _TIME,
-    "submitted_at": _TIME_OR_NULL,
-    "completed_at": _TIME_OR_NULL,
-    "status_code": _INT_OR_NULL,
-    "external_id": _TEXT_OR_NULL,
-    "error_code": _TEXT_OR_NULL,
-    "error_message": _TEXT_OR_NULL,
-    "authentication_recorded": {"type": "boolean", "const": False},
-    "proxy_instance": _TEXT_OR_NULL,
-    "request_body_size": {"type": "integer"},
-    "body_note": _TEXT_OR_NULL,
-    "reconcile_attempts": {"type": "integer"},
-    "next_attempt_at": _TIME_OR_NULL,
-}
-assert tuple(_RECEIPT_PROPERTIES) == PUBLIC_COLUMNS, "the OpenAPI Receipt must list the public columns"
+
+
+def _receipt_properties() -> dict[str, Any]:
+    """The `Receipt` schema's properties, generated from the one definition of the public shape."""
+    schema = ReceiptView.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {name: {k: v for k, v in prop.items() if k != "title"} for name, prop in schema["properties"].items()}
+
+
+_RECEIPT_PROPERTIES = _receipt_properties()
 
 
 def _ref(name: str) -> dict[str, str]:

@@ -12,8 +12,10 @@ import socket
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor
+from pathlib import Path
 
 from proxy_addon.exceptions import JournalUnavailableError
+from proxy_addon.handler import JournalState
 from proxy_addon.log import get_logger
 from proxy_addon.store import ReceiptStore
 
@@ -39,7 +41,7 @@ def process_namespace() -> str:
     parts = [socket.gethostname()[:128]]
     for path in ("/proc/sys/kernel/random/boot_id", "/proc/self/ns/pid"):
         try:
-            parts.append(os.readlink(path) if path.endswith("/pid") else open(path).read().strip()[:36])
+            parts.append(os.readlink(path) if path.endswith("/pid") else Path(path).read_text().strip()[:36])
         except OSError:
             parts.append("?")
     return "/".join(parts)[:255]
@@ -62,10 +64,10 @@ class InstanceLiveness:
         self.hostname = process_namespace()
 
     def register(self) -> None:
-        self.store.register_instance(self.instance_id, self.hostname, os.getpid())
+        self.store.instances.register(self.instance_id, self.hostname, os.getpid())
 
     def stop(self) -> None:
-        self.store.stop_instance(self.instance_id)
+        self.store.instances.stop(self.instance_id)
 
     def sweep(self) -> int:
         """Recover every dead instance's in-flight receipts; returns how many receipts changed."""
@@ -73,12 +75,12 @@ class InstanceLiveness:
         if "?" not in self.hostname.split("/"):
             known_dead = [
                 iid
-                for iid, pid in self.store.instances_on_host(self.hostname)
+                for iid, pid in self.store.instances.on_host(self.hostname)
                 if iid != self.instance_id and not pid_alive(pid)
             ]
         changed = 0
-        for dead in self.store.dead_instances(self.instance_id, self.dead_after, known_dead):
-            for r in self.store.recover_instance(dead, by=self.instance_id):
+        for dead in self.store.instances.dead(self.instance_id, self.dead_after, known_dead):
+            for r in self.store.instances.recover(dead, by=self.instance_id):
                 changed += 1
                 log.warning(
                     "receipt_recovered",
@@ -96,12 +98,12 @@ class InstanceLiveness:
         receipt is then in the snapshot, and one that finished in between has moved it on, so the
         compare-and-set skips it. A request started later is not in the list at all."""
         loop = asyncio.get_running_loop()
-        unsettled = await loop.run_in_executor(executor, self.store.unsettled_of, self.instance_id)
+        unsettled = await loop.run_in_executor(executor, self.store.instances.unsettled_of, self.instance_id)
         if not unsettled:
             return 0
         busy = in_flight()
         orphans = [(op, state) for op, state in unsettled if op not in busy]
-        recovered = await loop.run_in_executor(executor, self.store.settle_orphans, self.instance_id, orphans)
+        recovered = await loop.run_in_executor(executor, self.store.instances.settle_orphans, self.instance_id, orphans)
         for r in recovered:
             log.warning("receipt_orphan_settled", operation_id=r.operation_id, from_state=r.from_state, to_state=r.to_state)
         return len(recovered)
@@ -111,10 +113,43 @@ class InstanceLiveness:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                await loop.run_in_executor(executor, self.store.heartbeat, self.instance_id)
+                await loop.run_in_executor(executor, self.store.instances.heartbeat, self.instance_id)
                 await loop.run_in_executor(executor, self.sweep)
                 if self.in_flight is not None:
                     await self.sweep_own_orphans(executor, self.in_flight)
             except JournalUnavailableError as e:
                 log.error("heartbeat_failed", error=str(e))
             await asyncio.sleep(self.heartbeat_interval)
+
+
+class Heartbeat:
+    """Addon: registers this proxy instance, heartbeats, recovers dead instances' receipts and its own orphans."""
+
+    def __init__(self, journal: JournalState):
+        self.journal = journal
+        self.liveness: InstanceLiveness | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def running(self) -> None:
+        j = self.journal
+        if j.config is None or j.store is None or j.executor is None or j.handler is None:
+            return
+        handler = j.handler
+        p = j.config.proxy
+        self.liveness = InstanceLiveness(
+            j.store, j.instance_id, p.heartbeat_interval, p.instance_dead_after, in_flight=lambda: frozenset(handler.in_flight)
+        )
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(j.executor, self.liveness.register)
+        await loop.run_in_executor(j.executor, self.liveness.sweep)
+        self._task = asyncio.create_task(self.liveness.run(j.executor))
+        log.info("proxy_started", instance=j.instance_id)
+
+    async def done(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        if self.liveness is not None and self.journal.executor is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.journal.executor, self.liveness.stop)
+            except JournalUnavailableError as e:
+                log.error("instance_stop_not_recorded", error=str(e))

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from alembic import command
+from support.pg import fresh_database, libpq_url
 
 from proxy_addon.db import alembic_config, make_engine
 from proxy_addon.store import ReceiptStore
-from support.pg import fresh_database, libpq_url
 
 PG_URL = os.environ.get("RECEIPTS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -5,8 +5,10 @@ from collections import deque
 
 from sqlalchemy import Table, func, select
 
+from proxy_addon.config import AfterSuccess
+from proxy_addon.records import Intent, ReceiptRecord, utcnow
 from proxy_addon.states import ALLOWED_TRANSITIONS, State
-from proxy_addon.store import NewIntent, ReceiptRecord, ReceiptStore, utcnow
+from proxy_addon.store import ReceiptStore
 
 S = State
 
@@ -30,17 +32,30 @@ def fp() -> str:
     return "sha256:" + uuid.uuid4().hex * 2
 
 
-def intent(fingerprint: str | None = None, account: str = "acct:alice", **kw) -> NewIntent:
-    return NewIntent(operation="articles.create", method="POST", scheme="https", host="api.example.com", port=443,
-                     path="/api/articles", intent_fingerprint=fingerprint or fp(), account=account, **kw)
+def intent(fingerprint: str | None = None, account: str = "acct:alice", **kw) -> Intent:
+    fields = {"operation": "articles.create", "method": "POST", "scheme": "https", "host": "api.example.com", "port": 443,
+              "path": "/api/articles", **kw}
+    return Intent(intent_fingerprint=fingerprint or fp(), account=account, **fields)
+
+
+def recorded(store: ReceiptStore, intent: Intent, after_success: AfterSuccess | None = None) -> ReceiptRecord:
+    """Record a `planned` receipt and read it back."""
+    store.receipts.record(intent, after_success)
+    return store.receipts.get(intent.operation_id)
+
+
+def transitioned(store: ReceiptStore, op: str, *args, **kwargs) -> ReceiptRecord:
+    """`transition`, and the receipt read back."""
+    store.receipts.transition(op, *args, **kwargs)
+    return store.receipts.get(op)
 
 
 def walk(store: ReceiptStore, op: str, target: State, **last_updates) -> ReceiptRecord:
     """Move a planned receipt to `target` along an allowed path; `last_updates` go with the last step."""
-    rec, steps = store.get(op), list(zip([S.PLANNED, *PATHS[target]], PATHS[target]))
+    steps = list(zip([S.PLANNED, *PATHS[target]], PATHS[target]))
     for i, (a, b) in enumerate(steps):
-        rec = store.transition(op, a, b, {"step": i}, **(last_updates if i == len(steps) - 1 else {}))
-    return rec
+        store.receipts.transition(op, a, b, {"step": i}, **(last_updates if i == len(steps) - 1 else {}))
+    return store.receipts.get(op)
 
 
 def count(store: ReceiptStore, table: Table, *where) -> int:

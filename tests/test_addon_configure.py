@@ -40,12 +40,12 @@ def test_a_failed_reconfigure_keeps_the_journal_it_had(setting, tmp_path):
     addon = Receipts()
     with taddons.context(addon) as tctx:
         tctx.configure(addon, receipts_config=str(config), receipts_database_url=url)
-        store, hasher = addon.store, addon.hasher
-        assert store is not None and store.dialect == "sqlite"
+        store, hasher = addon.store, addon.handler.hasher
+        assert store is not None and store.db.dialect == "sqlite"
         with pytest.raises(exceptions.OptionsError, match="nowhere.yaml: config file not found"):
             tctx.configure(addon, receipts_config=str(tmp_path / "nowhere.yaml"))
         assert tctx.options.receipts_config == str(config)
-        assert (addon.store, addon.hasher) == (store, hasher)
-        store.register_instance("still-writable", "h", 1)
-        assert "still-writable" in store.dead_instances(None, 0.0, known_dead=["still-writable"])
+        assert (addon.store, addon.handler.hasher) == (store, hasher)
+        store.instances.register("still-writable", "h", 1)
+        assert "still-writable" in store.instances.dead(None, 0.0, known_dead=["still-writable"])
         store.close()

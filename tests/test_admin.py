@@ -16,18 +16,22 @@ import jsonschema
 import pytest
 from openapi_spec_validator import validate as validate_spec
 from sqlalchemy import update
+from store_helpers import recorded
 
-from proxy_addon.admin import AdminServer, create_app
+from proxy_addon.admin.app import create_app
+from proxy_addon.admin.server import AdminServer
 from proxy_addon.cli import main as cli_main
 from proxy_addon.config import parse_config
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.openapi import openapi_document
+from proxy_addon.records import utcnow
 from proxy_addon.states import State
-from proxy_addon.store import ReceiptStore, receipts, utcnow
+from proxy_addon.store import ReceiptStore
+from proxy_addon.store.receipts import receipts
 from tests.conftest import migrate
-from tests.support.proxy import REPO, free_port
 from tests.store_helpers import intent, walk
+from tests.support.proxy import REPO, free_port
 
 TOKEN = "s3cret-admin-token-for-tests"
 
@@ -46,7 +50,7 @@ def config_for(tmp_path, extra: str = ""):
 
 
 def made(store: ReceiptStore, target: State, ago: timedelta = timedelta(0), path: str = "/api/articles", **updates) -> str:
-    rec = store.record_intent(dataclasses.replace(intent(), path=path))
+    rec = recorded(store, dataclasses.replace(intent(), path=path))
     walk(store, rec.operation_id, target, **updates)
     if ago:
         with store.engine.begin() as conn:
@@ -132,7 +136,7 @@ def test_resolve_through_the_api(client, sqlite_store):
     ):
         r = client.post(url, json=body)
         assert r.status_code == 422 and word in r.get_json()["detail"], body
-    assert sqlite_store.get(review).state == "manual_review"
+    assert sqlite_store.receipts.get(review).state == "manual_review"
 
     r = client.post(f"/receipts/{done}/resolve", json={"state": "safe_to_retry", "note": "x"})
     assert r.status_code == 409 and "succeeded" in r.get_json()["detail"]
@@ -141,7 +145,7 @@ def test_resolve_through_the_api(client, sqlite_store):
     assert r.status_code == 200
     conforms(r.get_json(), "ReceiptWithHistory")
     assert r.get_json()["state"] == "succeeded" and r.get_json()["external_id"] == "A-9"
-    last = sqlite_store.history(review)[-1]
+    last = sqlite_store.receipts.history(review)[-1]
     assert (last.from_state, last.to_state) == ("manual_review", "succeeded")
     assert last.detail["note"] == "found it upstream" and last.detail["who"] == "person:ana"
     assert client.post(url, json={"state": "succeeded", "note": "again"}).status_code == 409
@@ -183,7 +187,7 @@ def test_a_token_is_required_when_configured(sqlite_store, tmp_path, monkeypatch
         assert client.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.get(url, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
     r = client.post(f"/receipts/{op}/resolve", json={"state": "succeeded", "note": "x"})
-    assert r.status_code == 401 and sqlite_store.get(op).state == "manual_review"
+    assert r.status_code == 401 and sqlite_store.receipts.get(op).state == "manual_review"
 
     r = client.get(f"/ui/receipts/{op}")
     assert r.status_code == 302 and "/login" in r.headers["Location"]
@@ -230,12 +234,12 @@ def test_forms_need_their_csrf_token_and_origin(client, sqlite_store):
     r = client.post(url, data={**form, "csrf_token": csrf}, headers={"Origin": "null"})
     assert r.status_code == 403
     r = client.post(f"/receipts/{op}/resolve", json=form, headers={"Origin": "http://evil.example"})
-    assert r.status_code == 403 and sqlite_store.get(op).state == "outcome_unknown"
+    assert r.status_code == 403 and sqlite_store.receipts.get(op).state == "outcome_unknown"
 
     r = client.post(url, data={**form, "note": "", "csrf_token": csrf}, headers={"Origin": "http://localhost"})
     assert r.status_code == 422 and "a note is required" in r.get_data(as_text=True)
     r = client.post(url, data={**form, "csrf_token": csrf}, headers={"Origin": "http://localhost"})
-    assert r.status_code == 303 and sqlite_store.get(op).state == "safe_to_retry"
+    assert r.status_code == 303 and sqlite_store.receipts.get(op).state == "safe_to_retry"
     page = client.get(r.headers["Location"]).get_data(as_text=True)
     assert "Resolved" in page and "checked: not there" in page and 'id="resolve"' not in page
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from proxy_addon.config import load_config
-from proxy_addon.reconcile import Reconciler
+from proxy_addon.reconcile.worker import Reconciler
 from tests.conftest import IN_CI, migrate
 from tests.support.proxy import free_port, start_inprocess_proxy
 from tests.support.upstream import start_upstream
@@ -77,9 +77,9 @@ def test_a_person_settles_an_unknown_receipt_in_the_browser(admin_proxy):
         answer = agent.post(f"{upstream.base}/status/503/charges", json={"amount": 4200, "currency": "EUR"})
     assert answer.status_code == 504
     op = answer.headers["X-Receipt-Id"]
-    assert store.get(op).state == "outcome_unknown"
+    assert store.receipts.get(op).state == "outcome_unknown"
     report = asyncio.run(Reconciler(config, store, worker_id="test-reconciler").run_once())
-    assert report.claimed == 1 and store.get(op).state == "manual_review"  # no rule names it: a person decides
+    assert report.claimed == 1 and store.receipts.get(op).state == "manual_review"  # no rule names it: a person decides
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
@@ -114,8 +114,8 @@ def test_a_person_settles_an_unknown_receipt_in_the_browser(admin_proxy):
         finally:
             browser.close()
 
-    settled = store.get(op)
+    settled = store.receipts.get(op)
     assert settled.state == "succeeded" and settled.external_id == "ch_4711"
-    last = store.history(op)[-1]
+    last = store.receipts.history(op)[-1]
     assert (last.from_state, last.to_state) == ("manual_review", "succeeded") and last.detail["note"] == NOTE
     assert (ARTIFACTS / "admin.png").stat().st_size > 10_000

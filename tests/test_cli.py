@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import update
+from store_helpers import intent, recorded, walk
 
 from proxy_addon.cli import main
 from proxy_addon.db import make_engine
+from proxy_addon.records import utcnow
 from proxy_addon.states import State
-from proxy_addon.store import ReceiptStore, receipts, utcnow
-from store_helpers import intent, walk
+from proxy_addon.store import ReceiptStore
+from proxy_addon.store.receipts import receipts
 
 
 @pytest.fixture
@@ -39,9 +41,9 @@ def cli_store(migrated_url):
 
 
 def test_ls_show_json_shapes(cli, cli_store):
-    done = cli_store.record_intent(intent())
+    done = recorded(cli_store, intent())
     walk(cli_store, done.operation_id, State.SUCCEEDED, status_code=201)
-    unknown = cli_store.record_intent(intent())
+    unknown = recorded(cli_store, intent())
     walk(cli_store, unknown.operation_id, State.OUTCOME_UNKNOWN)
 
     code, out, _ = cli("ls", "--json")
@@ -65,9 +67,9 @@ def test_ls_show_json_shapes(cli, cli_store):
 
 
 def test_ls_older_than_finds_old_unknowns(cli, cli_store):
-    old = cli_store.record_intent(intent())
+    old = recorded(cli_store, intent())
     walk(cli_store, old.operation_id, State.OUTCOME_UNKNOWN)
-    fresh = cli_store.record_intent(intent())
+    fresh = recorded(cli_store, intent())
     walk(cli_store, fresh.operation_id, State.OUTCOME_UNKNOWN)
     with cli_store.engine.begin() as conn:
         conn.execute(
@@ -82,7 +84,7 @@ def test_ls_older_than_finds_old_unknowns(cli, cli_store):
 def test_ls_state_unknown_lists_every_unknown_state(cli, cli_store):
     ids = {}
     for target in (State.OUTCOME_UNKNOWN, State.MANUAL_REVIEW, State.SUCCEEDED):
-        ids[target] = cli_store.record_intent(intent()).operation_id
+        ids[target] = recorded(cli_store, intent()).operation_id
         walk(cli_store, ids[target], target)
     code, out, _ = cli("ls", "--state", "unknown", "--json")
     assert code == 0 and {r["operation_id"] for r in json.loads(out)} == {ids[State.OUTCOME_UNKNOWN], ids[State.MANUAL_REVIEW]}
@@ -94,30 +96,30 @@ def test_ls_state_unknown_lists_every_unknown_state(cli, cli_store):
 
 
 def test_resolve_needs_a_note(cli, cli_store):
-    r = cli_store.record_intent(intent())
+    r = recorded(cli_store, intent())
     walk(cli_store, r.operation_id, State.MANUAL_REVIEW)
     code, _, err = cli("resolve", r.operation_id, "--state", "succeeded", "--note", " ")
     assert code == 2 and "note" in err and err.count("\n") == 1
-    assert cli_store.get(r.operation_id).state == "manual_review"
+    assert cli_store.receipts.get(r.operation_id).state == "manual_review"
 
 
 def test_resolve_keeps_the_note_in_history(cli, cli_store):
-    r = cli_store.record_intent(intent())
+    r = recorded(cli_store, intent())
     walk(cli_store, r.operation_id, State.MANUAL_REVIEW)
     code, out, err = cli("resolve", r.operation_id, "--state", "succeeded", "--note", "seen in dashboard", "--external-id", "A-7")
     assert code == 0, err
-    after = cli_store.get(r.operation_id)
+    after = cli_store.receipts.get(r.operation_id)
     assert after.state == "succeeded" and after.external_id == "A-7"
-    last = cli_store.history(r.operation_id)[-1]
+    last = cli_store.receipts.history(r.operation_id)[-1]
     assert last.from_state == "manual_review" and last.detail["note"] == "seen in dashboard"
 
 
 def test_resolve_refuses_a_terminal_receipt(cli, cli_store):
-    r = cli_store.record_intent(intent())
+    r = recorded(cli_store, intent())
     walk(cli_store, r.operation_id, State.REJECTED)
     code, _, err = cli("resolve", r.operation_id, "--state", "safe_to_retry", "--note", "x")
     assert code == 1 and "rejected" in err and err.count("\n") == 1
-    assert cli_store.get(r.operation_id).state == "rejected"
+    assert cli_store.receipts.get(r.operation_id).state == "rejected"
 
 
 def test_unknown_id_fails_with_one_line(cli):
@@ -127,7 +129,7 @@ def test_unknown_id_fails_with_one_line(cli):
 
 def test_stats_json(cli, cli_store):
     for target in (State.SUCCEEDED, State.OUTCOME_UNKNOWN, State.OUTCOME_UNKNOWN):
-        r = cli_store.record_intent(intent())
+        r = recorded(cli_store, intent())
         walk(cli_store, r.operation_id, target)
     code, out, _ = cli("stats", "--json")
     stats = json.loads(out)
@@ -138,17 +140,17 @@ def test_stats_json(cli, cli_store):
 
 
 def test_prune_never_deletes_open_receipts(cli, cli_store):
-    done = cli_store.record_intent(intent())
+    done = recorded(cli_store, intent())
     walk(cli_store, done.operation_id, State.SUCCEEDED)
-    still_open = cli_store.record_intent(intent())
+    still_open = recorded(cli_store, intent())
     walk(cli_store, still_open.operation_id, State.OUTCOME_UNKNOWN)
     with cli_store.engine.begin() as conn:
         old = utcnow() - timedelta(days=40)
         conn.execute(update(receipts).values(created_at=old, completed_at=old))
     code, out, _ = cli("prune", "--older-than", "30d", "--json")
     assert code == 0 and json.loads(out) == {"deleted": 1}
-    assert [r.operation_id for r in cli_store.list_receipts()] == [still_open.operation_id]
-    assert cli_store.history(done.operation_id) == []
+    assert [r.operation_id for r in cli_store.receipts.list()] == [still_open.operation_id]
+    assert cli_store.receipts.history(done.operation_id) == []
 
 
 @pytest.mark.parametrize(
@@ -214,7 +216,7 @@ def test_tables_keep_each_operation_id_whole_on_one_line(cli, cli_store):
     """An operator copies or greps ids out of `ls` and `show`, piped or not: never folded across lines."""
     ops = []
     for target in (State.MANUAL_REVIEW, State.SUCCEEDED):
-        ops.append(cli_store.record_intent(intent(query="q=" + "long-value-" * 12)).operation_id)
+        ops.append(recorded(cli_store, intent(query="q=" + "long-value-" * 12)).operation_id)
         walk(cli_store, ops[-1], target)
     code, out, _ = cli("ls")
     assert code == 0

@@ -8,12 +8,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
+from store_helpers import recorded
 
 from proxy_addon import metrics
-from proxy_addon.admin import create_app
+from proxy_addon.admin.app import create_app
 from proxy_addon.config import parse_config
+from proxy_addon.records import utcnow
 from proxy_addon.states import RefusalReason, State
-from proxy_addon.store import ReceiptStore, utcnow
+from proxy_addon.store import ReceiptStore
 from tests.conftest import migrate
 from tests.store_helpers import intent, walk
 from tests.support.proxy import start_inprocess_proxy
@@ -23,7 +25,7 @@ SECRET = "Bearer agent-secret-4f1c"
 
 
 def samples(store: ReceiptStore | None = None) -> dict[tuple[str, tuple], float]:
-    body, _ = metrics.exposition(metrics.registry_for(store))
+    body, _ = metrics.exposition(metrics.registry_for(store.retention.stats if store else None))
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(body.decode())
@@ -42,27 +44,24 @@ def wait_for(predicate, seconds: float = 10.0):
 
 
 def test_record_and_list_refusals(store):
-    blocker = store.record_intent(intent())
+    blocker = recorded(store, intent())
     for reason in (RefusalReason.DUPLICATE_OPEN, RefusalReason.IDEMPOTENCY_KEY_MISMATCH):
-        store.record_refusal(reason, blocker.operation_id, account=blocker.account,
-                             intent_fingerprint=blocker.intent_fingerprint, method="POST", host="api.example.com",
-                             path="/api/articles")
-    rows = store.list_refusals()
+        store.refusals.record(reason, blocker.operation_id, intent(blocker.intent_fingerprint, blocker.account))
+    rows = store.refusals.list()
     assert [r.reason for r in rows] == ["idempotency_key_mismatch", "duplicate_open"]  # newest first
     assert rows[0].refused_at.tzinfo is not None and abs((utcnow() - rows[0].refused_at).total_seconds()) < 30
-    assert [r.reason for r in store.list_refusals(reason="duplicate_open")] == ["duplicate_open"]
-    assert store.list_refusals(since=utcnow() + timedelta(minutes=1)) == []
-    assert len(store.list_refusals(blocking_operation_id=blocker.operation_id)) == 2
+    assert [r.reason for r in store.refusals.list(reason="duplicate_open")] == ["duplicate_open"]
+    assert store.refusals.list(since=utcnow() + timedelta(minutes=1)) == []
+    assert len(store.refusals.list(blocking_operation_id=blocker.operation_id)) == 2
     with pytest.raises(ValueError):
-        store.record_refusal("because", blocker.operation_id, account="a", intent_fingerprint="f", method="POST",
-                             host="h", path="/")
+        store.refusals.record("because", blocker.operation_id, intent("f", "a", host="h", path="/"))
 
 
 def test_the_store_collector_reads_the_database_at_scrape_time(store):
     before = samples(store)
     assert before[("receipts_by_state", (("state", "outcome_unknown"),))] == 0
     assert before[("receipts_oldest_open_age_seconds", ())] == 0
-    rec = store.record_intent(intent())
+    rec = recorded(store, intent())
     walk(store, rec.operation_id, State.OUTCOME_UNKNOWN)
     after = samples(store)
     assert after[("receipts_by_state", (("state", "outcome_unknown"),))] == 1
@@ -71,7 +70,7 @@ def test_the_store_collector_reads_the_database_at_scrape_time(store):
     assert after[key] == before[key] + 1  # counted by the store where it committed
     with store.engine.begin() as conn:  # the store cannot answer: the scrape still works, and says so
         conn.execute(text("DROP TABLE receipt_transitions"))
-        conn.execute(text("DROP TABLE receipts" + (" CASCADE" if store.dialect == "postgresql" else "")))
+        conn.execute(text("DROP TABLE receipts" + (" CASCADE" if store.db.dialect == "postgresql" else "")))
     down = samples(store)
     assert down[("receipts_store_up", ())] == 0 and ("receipts_by_state", (("state", "outcome_unknown"),)) not in down
     assert down[key] == after[key]  # this process's counters are still served
@@ -105,8 +104,8 @@ def test_a_refused_duplicate_is_counted_and_recorded_without_secrets(running_pro
     again = client.post(url, json=body, headers=headers)
     assert again.status_code == 409 and again.headers["X-Receipt-Id"] == op
 
-    refusal = wait_for(lambda: store.list_refusals(blocking_operation_id=op))[0]
-    receipt = store.get(op)
+    refusal = wait_for(lambda: store.refusals.list(blocking_operation_id=op))[0]
+    receipt = store.receipts.get(op)
     assert refusal.reason == "duplicate_open" and refusal.host == "127.0.0.1" and refusal.path == "/status/503/charge"
     assert (refusal.account, refusal.intent_fingerprint) == (receipt.account, receipt.intent_fingerprint)
     assert refusal.proxy_instance == proxy.addon.instance_id

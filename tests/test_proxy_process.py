@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from support.e2e import (
     PROBLEM_JSON,
     open_store,
@@ -154,7 +153,7 @@ def test_https_through_the_proxy_is_journaled(sqlite_url, tls_upstream, tmp_path
     finally:
         proxy.stop()
     with open_store(sqlite_url) as store:
-        receipt = store.get(op)
+        receipt = store.receipts.get(op)
     assert (receipt.scheme, receipt.port, receipt.path, receipt.state) == ("https", tls_upstream.port, path, "succeeded")
     assert tls_upstream.count("POST", path) == 1
 
@@ -175,7 +174,7 @@ def test_https_upstream_with_an_untrusted_certificate_is_not_sent(sqlite_url, tl
     assert r.headers["content-type"] == PROBLEM_JSON
     assert r.json()["type"].endswith("not-sent")
     with open_store(sqlite_url) as store:
-        receipt = store.get(r.headers["X-Receipt-Id"])
+        receipt = store.receipts.get(r.headers["X-Receipt-Id"])
     assert (receipt.state, receipt.error_code) == ("rejected", "not_sent")
     assert tls_upstream.count(path=path) == 0
 
@@ -215,9 +214,9 @@ def test_sigkill_mid_request_is_recovered_as_outcome_unknown(db_url, upstream, t
     second, _ = start_proxy_process(config, db_url, confdir, tmp_path / "second.log")
     try:
         with open_store(db_url) as store:
-            recovered = wait_for(lambda: store.get(receipt.operation_id).state == "outcome_unknown", 30, 0.25)
-            after = store.get(receipt.operation_id)
-            history = store.history(receipt.operation_id)
+            recovered = wait_for(lambda: store.receipts.get(receipt.operation_id).state == "outcome_unknown", 30, 0.25)
+            after = store.receipts.get(receipt.operation_id)
+            history = store.receipts.history(receipt.operation_id)
     finally:
         stop_process(second)
     assert recovered, f"receipt still {after.state} after 30 s"

@@ -25,14 +25,16 @@ import httpx
 import pytest
 import yaml
 from sqlalchemy import text
+from support.proxy import REPO, RunningProxy, start_inprocess_proxy
+from support.world import COMMIT_THEN_HANG, DELETE_THEN_HANG, HANG_WITHOUT_DELETE, HANG_WITHOUT_STORE, OK, World, start_world
 
 from proxy_addon.config import ReceiptsConfig, ReconcileRule, load_config
 from proxy_addon.db import make_engine
-from proxy_addon.reconcile import Decision, PassReport, ReadOutcome, Reconciler, decide
+from proxy_addon.reconcile.decide import ReadOutcome, decide
+from proxy_addon.reconcile.worker import PassReport, Reconciler
+from proxy_addon.records import ReceiptRecord, TransitionRecord, Verdict
 from proxy_addon.states import State
-from proxy_addon.store import ReceiptRecord, ReceiptStore, TransitionRecord
-from support.proxy import REPO, RunningProxy, start_inprocess_proxy
-from support.world import COMMIT_THEN_HANG, DELETE_THEN_HANG, HANG_WITHOUT_DELETE, HANG_WITHOUT_STORE, OK, World, start_world
+from proxy_addon.store import ReceiptStore
 
 PROXY_TIMEOUT = "0.3s"
 PROBLEM_JSON = "application/problem+json"
@@ -117,8 +119,8 @@ def make_env(db_url: str, tmp_path: Path) -> Iterator[Callable[..., Env]]:
 def assert_history_is_whole(store: ReceiptStore) -> None:
     """After every test: each receipt's history chains from planned to its state, every verdict of a
     worker names it and says why, and nothing was reconciled that had not been outcome_unknown first."""
-    for receipt in store.list_receipts(limit=None):
-        history = store.history(receipt.operation_id)
+    for receipt in store.receipts.list(limit=None):
+        history = store.receipts.history(receipt.operation_id)
         states = [t.to_state for t in history]
         assert [t.from_state for t in history] == [None, *states[:-1]], states
         assert states[-1] == receipt.state
@@ -138,12 +140,12 @@ def outcome_unknown(r: httpx.Response) -> str:
 
 
 def steps(store: ReceiptStore, op: str) -> list[tuple[str | None, str]]:
-    return [(t.from_state, t.to_state) for t in store.history(op)]
+    return [(t.from_state, t.to_state) for t in store.receipts.history(op)]
 
 
 def verdict(store: ReceiptStore, op: str) -> TransitionRecord:
     """The last transition, which must be a reconciler's verdict."""
-    last = store.history(op)[-1]
+    last = store.receipts.history(op)[-1]
     assert last.from_state == "reconciling", steps(store, op)
     return last
 
@@ -153,11 +155,11 @@ UNKNOWN_THEN = [(None, "planned"), ("planned", "submitted"), ("submitted", "outc
 
 def assert_unknown_kept(store: ReceiptStore, op: str) -> None:
     """The history still says the receipt was unknown, and why: nothing was overwritten."""
-    history = store.history(op)
+    history = store.receipts.history(op)
     unknown = [t for t in history if t.to_state == "outcome_unknown" and t.from_state == "submitted"]
     assert len(unknown) == 1
     assert [(t.from_state, t.to_state) for t in history[:4]] == UNKNOWN_THEN
-    assert store.get(op).error_code == "upstream_timeout"
+    assert store.receipts.get(op).error_code == "upstream_timeout"
 
 
 def title() -> str:
@@ -210,7 +212,7 @@ def test_committed_then_timed_out_search_finds_it_with_its_id(make_env):
     report = env.reconcile("worker-a")
 
     assert (report.claimed, dict(report.verdicts)) == (1, {"succeeded": 1})
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (receipt.state, receipt.external_id) == ("succeeded", stored_id)
     assert (receipt.lease_owner, receipt.lease_expires_at) == (None, None)
     assert steps(env.store, op) == [*UNKNOWN_THEN, ("reconciling", "succeeded")]
@@ -233,7 +235,7 @@ def test_committed_then_timed_out_lookup_finds_it(make_env):
 
     env.reconcile()
 
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (receipt.state, receipt.external_id) == ("succeeded", client_id)
     d = verdict(env.store, op).detail
     assert d["read"]["url"] == f"{env.world.base}/api/articles/{client_id}"
@@ -251,7 +253,7 @@ def test_lookup_finding_a_different_resource_goes_to_a_person(make_env):
 
     env.reconcile()
 
-    assert env.store.get(op).state == "manual_review"
+    assert env.store.receipts.get(op).state == "manual_review"
     d = verdict(env.store, op).detail
     assert (d["result"], d["read"]["status"]) == ("mismatch", 200)
     assert "does not match" in d["reason"]
@@ -275,7 +277,7 @@ def test_cli_reconcile_once_settles_a_timed_out_write(make_env):
 
     assert done.returncode == 0, done.stderr
     assert "reconciled 1: succeeded 1" in done.stdout
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (receipt.state, receipt.external_id) == ("succeeded", stored_id)
     assert verdict(env.store, op).detail["who"].startswith("worker-")
 
@@ -291,7 +293,7 @@ def test_never_stored_with_retry_safe_is_safe_to_retry_and_a_retry_is_forwarded(
 
     env.reconcile()
 
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert receipt.state == "safe_to_retry" and receipt.completed_at is not None
     d = verdict(env.store, op).detail
     assert (d["result"], d["matched"], d["candidates"]) == ("absent", 0, [])
@@ -316,7 +318,7 @@ def test_never_stored_without_retry_safe_goes_to_a_person_and_a_retry_stays_refu
 
     env.reconcile()
 
-    assert env.store.get(op).state == "manual_review"
+    assert env.store.receipts.get(op).state == "manual_review"
     d = verdict(env.store, op).detail
     assert d["result"] == "absent" and "manual_review" in d["reason"]
 
@@ -338,11 +340,11 @@ def test_eventually_consistent_record_is_not_called_absent_before_settle(make_en
     t = title()
     op = env.unknown("/api/articles", {"title": t, "body_markdown": "late"})
     (stored_id,) = env.world.article_ids_titled(t)
-    submitted_at = env.store.get(op).submitted_at
+    submitted_at = env.store.receipts.get(op).submitted_at
 
     early = env.reconcile()
 
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (early.claimed, receipt.state, receipt.reconcile_attempts) == (1, "outcome_unknown", 0)
     assert receipt.next_attempt_at == submitted_at + timedelta(seconds=1.5)
     assert receipt.next_attempt_at > datetime.now(UTC)
@@ -355,7 +357,7 @@ def test_eventually_consistent_record_is_not_called_absent_before_settle(make_en
         time.sleep(0.02)
     if datetime.now(UTC) < receipt.next_attempt_at - timedelta(milliseconds=150):  # else too slow to tell
         assert env.reconcile().claimed == 0
-        assert env.store.get(op).state == "outcome_unknown"
+        assert env.store.receipts.get(op).state == "outcome_unknown"
 
     while datetime.now(UTC) < receipt.next_attempt_at + timedelta(milliseconds=30):
         assert time.monotonic() < deadline
@@ -363,7 +365,7 @@ def test_eventually_consistent_record_is_not_called_absent_before_settle(make_en
     late = env.reconcile()
 
     assert dict(late.verdicts) == {"succeeded": 1}
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (receipt.state, receipt.external_id) == ("succeeded", stored_id)
     assert steps(env.store, op) == [
         *UNKNOWN_THEN,
@@ -387,7 +389,7 @@ def test_near_duplicate_records_the_match_picks_the_right_one(make_env):
 
     env.reconcile()
 
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (receipt.state, receipt.external_id) == ("succeeded", mine)
     assert verdict(env.store, op).detail["candidates"] == [mine]
 
@@ -403,7 +405,7 @@ def test_identical_twins_go_to_a_person_with_both_candidates(make_env):
 
     env.reconcile()
 
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (receipt.state, receipt.external_id) == ("manual_review", None)
     d = verdict(env.store, op).detail
     assert d["result"] == "ambiguous" and d["matched"] == 2
@@ -448,8 +450,8 @@ def test_refunds_of_the_same_amount_on_different_charges_are_different_intents(m
 
     (refund_a,) = env.world.refunds_of("ch_A")
     (refund_b,) = env.world.refunds_of("ch_B")
-    assert (env.store.get(op_a).state, env.store.get(op_a).external_id) == ("succeeded", refund_a["id"])
-    assert (env.store.get(op_b).state, env.store.get(op_b).external_id) == ("succeeded", refund_b["id"])
+    assert (env.store.receipts.get(op_a).state, env.store.receipts.get(op_a).external_id) == ("succeeded", refund_a["id"])
+    assert (env.store.receipts.get(op_b).state, env.store.receipts.get(op_b).external_id) == ("succeeded", refund_b["id"])
     urls = sorted(verdict(env.store, op).detail["reads"][0]["url"] for op in (op_a, op_b))
     assert urls == [f"{env.world.base}/api/refunds?charge=ch_A", f"{env.world.base}/api/refunds?charge=ch_B"]
 
@@ -458,7 +460,7 @@ def test_refunds_of_the_same_amount_on_different_charges_are_different_intents(m
 
 
 def _wait_due(env: Env, op: str, limit: float = 3.0) -> None:
-    due = env.store.get(op).next_attempt_at
+    due = env.store.receipts.get(op).next_attempt_at
     assert due is not None
     deadline = time.monotonic() + limit
     while datetime.now(UTC) <= due:
@@ -475,7 +477,7 @@ def test_a_failing_read_keeps_it_unknown_with_backoff_then_goes_to_a_person(make
     for attempt in (1, 2):
         before = datetime.now(UTC)
         report = env.reconcile()
-        receipt = env.store.get(op)
+        receipt = env.store.receipts.get(op)
         assert (report.claimed, receipt.state, receipt.reconcile_attempts) == (1, "outcome_unknown", attempt)
         assert receipt.next_attempt_at > before
         d = verdict(env.store, op).detail
@@ -485,7 +487,7 @@ def test_a_failing_read_keeps_it_unknown_with_backoff_then_goes_to_a_person(make
 
     env.reconcile()
 
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (receipt.state, receipt.reconcile_attempts) == ("manual_review", 3)
     d = verdict(env.store, op).detail
     assert (d["result"], d["attempt"], d["read"]["status"]) == ("failed", 3, 500)
@@ -506,12 +508,12 @@ def test_a_read_that_fails_once_is_tried_again_and_succeeds(make_env):
     env.world.fail_reads(1)
 
     env.reconcile()
-    assert (env.store.get(op).state, env.store.get(op).reconcile_attempts) == ("outcome_unknown", 1)
+    assert (env.store.receipts.get(op).state, env.store.receipts.get(op).reconcile_attempts) == ("outcome_unknown", 1)
     assert verdict(env.store, op).detail["reads"][0]["status"] == 500
     _wait_due(env, op)
     env.reconcile()
 
-    assert (env.store.get(op).state, env.store.get(op).external_id) == ("succeeded", env.world.article_ids_titled(t)[0])
+    assert (env.store.receipts.get(op).state, env.store.receipts.get(op).external_id) == ("succeeded", env.world.article_ids_titled(t)[0])
 
 
 def test_an_unreachable_read_endpoint_is_a_failed_read(make_env):
@@ -521,7 +523,7 @@ def test_an_unreachable_read_endpoint_is_a_failed_read(make_env):
 
     env.reconcile()
 
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (receipt.state, receipt.reconcile_attempts) == ("outcome_unknown", 1)
     d = verdict(env.store, op).detail
     assert d["result"] == "failed" and "ConnectError" in d["read"]["error"]
@@ -535,7 +537,7 @@ def test_one_pass_reads_a_receipt_once_even_with_no_backoff(make_env):
 
     report = env.reconcile()
 
-    assert (report.claimed, env.store.get(op).state, env.store.get(op).reconcile_attempts) == (1, "outcome_unknown", 1)
+    assert (report.claimed, env.store.receipts.get(op).state, env.store.receipts.get(op).reconcile_attempts) == (1, "outcome_unknown", 1)
     assert len(env.world.received("GET")) == 1
 
 
@@ -549,11 +551,11 @@ def test_a_read_that_breaks_is_a_failed_read_and_the_rest_of_the_pass_goes_on(ma
 
     env.reconcile()
 
-    assert (env.store.get(op_article).state, env.store.get(op_article).external_id) == (
+    assert (env.store.receipts.get(op_article).state, env.store.receipts.get(op_article).external_id) == (
         "succeeded",
         env.world.article_ids_titled(t)[0],
     )
-    refund = env.store.get(op_refund)
+    refund = env.store.receipts.get(op_refund)
     assert (refund.state, refund.reconcile_attempts, refund.lease_owner) == ("outcome_unknown", 1, None)
     d = verdict(env.store, op_refund).detail
     assert d["result"] == "failed" and d["reads"][0]["url"] == "http://127.0.0.1:99999/api/refunds"
@@ -568,7 +570,7 @@ def test_a_read_whose_credential_is_not_set_proves_nothing(make_env, monkeypatch
 
     env.reconcile()
 
-    assert (env.store.get(op).state, env.store.get(op).reconcile_attempts) == ("outcome_unknown", 1)
+    assert (env.store.receipts.get(op).state, env.store.receipts.get(op).reconcile_attempts) == ("outcome_unknown", 1)
     assert "RECEIPTS_TEST_UNSET_KEY is not set" in verdict(env.store, op).detail["reason"]
     assert env.world.received("GET") == []
 
@@ -581,9 +583,9 @@ def test_the_read_credential_comes_from_the_environment_and_is_never_stored(make
 
     env.reconcile()
 
-    assert env.store.get(op).state == "succeeded"
+    assert env.store.receipts.get(op).state == "succeeded"
     assert [r.headers["authorization"] for r in env.world.received("GET")] == ["Bearer read-secret-123"]
-    assert "read-secret-123" not in repr(env.store.history(op)) + repr(env.store.get(op))
+    assert "read-secret-123" not in repr(env.store.receipts.history(op)) + repr(env.store.receipts.get(op))
 
 
 # -- search over pages ----------------------------------------------------------------------------------------
@@ -600,7 +602,7 @@ def test_search_follows_relative_next_links_and_counts_a_record_once(make_env):
 
     env.reconcile()
 
-    assert (env.store.get(op).state, env.store.get(op).external_id) == ("succeeded", env.world.article_ids_titled(t)[0])
+    assert (env.store.receipts.get(op).state, env.store.receipts.get(op).external_id) == ("succeeded", env.world.article_ids_titled(t)[0])
     d = verdict(env.store, op).detail
     assert [r["url"] for r in d["reads"]] == [
         f"{env.world.base}/api/articles?per_page=2",
@@ -620,7 +622,7 @@ def test_search_never_follows_a_next_link_to_another_host(make_env):
 
     env.reconcile()
 
-    assert (env.store.get(op).state, env.store.get(op).reconcile_attempts) == ("outcome_unknown", 1)
+    assert (env.store.receipts.get(op).state, env.store.receipts.get(op).reconcile_attempts) == ("outcome_unknown", 1)
     d = verdict(env.store, op).detail
     assert d["result"] == "failed" and "leaves 127.0.0.1" in d["reason"]
     assert len(d["reads"]) == 1
@@ -638,7 +640,7 @@ def test_search_does_not_call_absent_a_record_pushed_off_the_page_it_read(make_e
 
     env.reconcile()
 
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (receipt.state, receipt.reconcile_attempts) == ("outcome_unknown", 1)  # not safe_to_retry
     assert "absence not proven" in verdict(env.store, op).detail["reason"]
 
@@ -647,7 +649,7 @@ def test_search_does_not_call_absent_a_record_pushed_off_the_page_it_read(make_e
             del env.world.articles[i]
     _wait_due(env, op)
     env.reconcile()
-    assert (env.store.get(op).state, env.store.get(op).external_id) == ("succeeded", env.world.article_ids_titled(t)[0])
+    assert (env.store.receipts.get(op).state, env.store.receipts.get(op).external_id) == ("succeeded", env.world.article_ids_titled(t)[0])
 
 
 def test_search_calls_absent_once_the_page_reaches_back_past_the_write(make_env):
@@ -660,7 +662,7 @@ def test_search_calls_absent_once_the_page_reaches_back_past_the_write(make_env)
 
     env.reconcile()
 
-    assert env.store.get(op).state == "safe_to_retry"
+    assert env.store.receipts.get(op).state == "safe_to_retry"
 
 
 # -- DELETE ---------------------------------------------------------------------------------------------------
@@ -690,7 +692,7 @@ def test_delete_that_happened_with_absent_means_succeeded(make_env):
 
     env.reconcile()
 
-    assert env.store.get(op).state == "succeeded"
+    assert env.store.receipts.get(op).state == "succeeded"
     d = verdict(env.store, op).detail
     assert (d["result"], d["read"]["status"]) == ("absent", 404)
     assert "absent_means succeeded" in d["reason"]
@@ -706,7 +708,7 @@ def test_delete_that_did_not_happen_is_never_called_succeeded(make_env):
     env.reconcile()
 
     assert env.world.article(survivor) is not None
-    assert env.store.get(op).state == "manual_review"
+    assert env.store.receipts.get(op).state == "manual_review"
     d = verdict(env.store, op).detail
     assert (d["result"], d["read"]["status"]) == ("still_present", 200)
 
@@ -719,7 +721,7 @@ def test_delete_that_did_not_happen_is_safe_to_retry_when_the_rule_says_so(make_
 
     env.reconcile()
 
-    assert env.store.get(op).state == "safe_to_retry"
+    assert env.store.receipts.get(op).state == "safe_to_retry"
     env.world.delete_mode = OK
     again = env.client.delete(f"{env.world.base}/api/articles/{survivor}")
     assert again.status_code == 204 and again.headers["X-Receipt-State"] == "succeeded"
@@ -747,7 +749,7 @@ def test_resend_with_key_settles_a_payment_without_a_second_one(make_env):
     env.reconcile()
 
     (payment,) = env.world.payments
-    receipt = env.store.get(op)
+    receipt = env.store.receipts.get(op)
     assert (receipt.state, receipt.external_id) == ("succeeded", payment["id"])
     sends = env.world.received("POST", "/api/payments")
     assert [s.headers["idempotency-key"] for s in sends] == [op, op]
@@ -770,7 +772,7 @@ def test_resend_with_key_reuses_the_agents_own_key_once(make_env):
 
     env.reconcile()
 
-    assert env.store.get(op).state == "succeeded"
+    assert env.store.receipts.get(op).state == "succeeded"
     sends = env.world.received("POST", "/api/payments")
     assert len(sends) == 2 and len(env.world.payments) == 1
     assert [v for k, v in sends[1].header_list if k == "idempotency-key"] == [key]
@@ -783,7 +785,7 @@ def test_resend_with_key_never_resends_a_redacted_query(make_env):
 
     env.reconcile()
 
-    assert env.store.get(op).state == "manual_review"
+    assert env.store.receipts.get(op).state == "manual_review"
     assert "redacted" in verdict(env.store, op).detail["reason"]
     assert len(env.world.received("POST", "/api/payments")) == 1
 
@@ -795,7 +797,7 @@ def test_resend_with_key_on_a_host_that_injects_no_key_sends_nothing(make_env):
 
     env.reconcile()
 
-    assert env.store.get(op).state == "manual_review"
+    assert env.store.receipts.get(op).state == "manual_review"
     assert "inject_idempotency_key" in verdict(env.store, op).detail["reason"]
     assert len(env.world.received("POST", "/api/payments")) == 1
 
@@ -812,7 +814,7 @@ def test_unknowns_without_a_rule_go_to_a_person_at_once(make_env):
     report = env.reconcile()
 
     assert dict(report.verdicts) == {"manual_review": 2}
-    assert env.store.get(no_rule).state == env.store.get(no_reconcile).state == "manual_review"
+    assert env.store.receipts.get(no_rule).state == env.store.receipts.get(no_reconcile).state == "manual_review"
     reason = verdict(env.store, no_rule).detail["reason"]
     assert reason.startswith("no reconcile rule for POST 127.0.0.1 ") and reason.endswith("/webhook")
     assert verdict(env.store, no_reconcile).detail["reason"] == "rule articles.norule has no reconcile"
@@ -893,7 +895,7 @@ DECIDE_TABLE = [
 def test_decide(method, attempts, rule, retry_safe, kind, ext, want_state, want_updates):
     outcome = ReadOutcome(kind, {"read": {"status": 200}}, ext)
     d = decide(_receipt(method, attempts, external_id=None), _rule(**rule), retry_safe, outcome, NOW, backoff=2.0)
-    assert isinstance(d, Decision)
+    assert isinstance(d, Verdict)
     assert d.state == want_state
     assert d.updates == {**LEASE_CLEARED, **want_updates}
     assert (d.detail["result"], d.detail["read"], d.detail["strategy"]) == (kind, {"status": 200}, "lookup")

@@ -3,12 +3,12 @@
 import time
 
 import httpx
-
 from conftest import migrate
-from proxy_addon.db import make_engine
-from proxy_addon.store import ReceiptStore
 from support.proxy import start_inprocess_proxy
 from support.upstream import start_upstream
+
+from proxy_addon.db import make_engine
+from proxy_addon.store import ReceiptStore
 
 
 def test_the_proxy_reconciles_its_unknowns_when_asked_to(sqlite_url, tmp_path):
@@ -28,14 +28,14 @@ def test_the_proxy_reconciles_its_unknowns_when_asked_to(sqlite_url, tmp_path):
         operation_id = answer.json()["operation_id"]
         store = ReceiptStore(engine)
         deadline = time.monotonic() + 15
-        while store.get(operation_id).state != "manual_review" and time.monotonic() < deadline:
+        while store.receipts.get(operation_id).state != "manual_review" and time.monotonic() < deadline:
             time.sleep(0.1)
-        receipt = store.get(operation_id)
+        receipt = store.receipts.get(operation_id)
         assert receipt.state == "manual_review"
-        steps = [(t.from_state, t.to_state) for t in store.history(operation_id)]
+        steps = [(t.from_state, t.to_state) for t in store.receipts.history(operation_id)]
         assert steps[-2:] == [("outcome_unknown", "reconciling"), ("reconciling", "manual_review")]
-        assert "no reconcile rule" in store.history(operation_id)[-1].detail["reason"]
-        assert store.history(operation_id)[-1].detail["who"].endswith("-reconcile")
+        assert "no reconcile rule" in store.receipts.history(operation_id)[-1].detail["reason"]
+        assert store.receipts.history(operation_id)[-1].detail["who"].endswith("-reconcile")
     finally:
         engine.dispose()
         proxy.stop()

@@ -17,15 +17,17 @@ from datetime import timedelta
 import pytest
 import yaml
 from sqlalchemy import select
+from store_helpers import recorded, transitioned
+from support.world import World, start_world
 
 from proxy_addon.config import ReceiptsConfig, parse_config
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import StaleStateError
 from proxy_addon.models import ReceiptTransition
-from proxy_addon.reconcile import PassReport, Reconciler
+from proxy_addon.reconcile.worker import PassReport, Reconciler
+from proxy_addon.records import Intent, utcnow
 from proxy_addon.states import State
-from proxy_addon.store import NewIntent, ReceiptStore, utcnow
-from support.world import World, start_world
+from proxy_addon.store import ReceiptStore
 
 QUEUE = 40
 
@@ -76,8 +78,8 @@ def unknown_receipt(store: ReceiptStore, world: World, present: bool) -> str:
     if present:
         world.add_article(title, "b", article_id=article_id)
     body = json.dumps({"body_markdown": "b", "id": article_id, "title": title}, separators=(",", ":")).encode()
-    planned = store.record_intent(
-        NewIntent(
+    planned = recorded(store, 
+        Intent(
             operation="articles.create",
             method="POST",
             scheme="http",
@@ -92,8 +94,8 @@ def unknown_receipt(store: ReceiptStore, world: World, present: bool) -> str:
         )
     )
     op = planned.operation_id
-    store.transition(op, State.PLANNED, State.SUBMITTED, {"who": "test"})
-    store.transition(
+    store.receipts.transition(op, State.PLANNED, State.SUBMITTED, {"who": "test"})
+    store.receipts.transition(
         op, State.SUBMITTED, State.OUTCOME_UNKNOWN, {"who": "test", "end": "upstream_timeout"}, error_code="upstream_timeout"
     )
     return op
@@ -154,9 +156,9 @@ def test_two_workers_reconcile_each_receipt_exactly_once(url, store, world):
     rows = all_transitions(store)
     claims = Counter(r.operation_id for r in rows if r.to_state == "reconciling")
     verdicts = Counter(r.operation_id for r in rows if r.from_state == "reconciling")
-    assert claims == verdicts == Counter({op: 1 for op in present})
+    assert claims == verdicts == Counter(dict.fromkeys(present, 1))
     for op, there in present.items():
-        receipt = store.get(op)
+        receipt = store.receipts.get(op)
         assert receipt.state == ("succeeded" if there else "safe_to_retry"), op
         assert receipt.lease_owner is None
         claim = next(r for r in rows if r.operation_id == op and r.to_state == "reconciling")
@@ -168,7 +170,7 @@ def test_two_workers_reconcile_each_receipt_exactly_once(url, store, world):
 
 def test_workers_racing_over_expired_leases_release_each_once(url, store, world):
     ops = [unknown_receipt(store, world, present=True) for _ in range(QUEUE // 2)]
-    dead = store.claim_unknown(worker="dead", lease_seconds=0.3, limit=10)
+    dead = store.queue.claim(worker="dead", lease_seconds=0.3, limit=10)
     assert len(dead) == 10
     wait_past(max(r.lease_expires_at for r in dead))
 
@@ -183,7 +185,7 @@ def test_workers_racing_over_expired_leases_release_each_once(url, store, world)
             assert (r.detail["reason"], r.detail["lease_owner"]) == ("lease expired", "dead")
     claims = Counter(r.operation_id for r in rows if r.to_state == "reconciling")
     assert claims == Counter({op: 2 if op in released else 1 for op in ops})
-    assert {store.get(op).state for op in ops} == {"succeeded"}
+    assert {store.receipts.get(op).state for op in ops} == {"succeeded"}
     assert len(world.received("GET")) == len(ops)
 
 
@@ -220,7 +222,7 @@ def test_concurrent_claims_take_disjoint_receipts(url, store, world):
     def claim_all(s: ReceiptStore, i: int) -> list[str]:
         mine: list[str] = []
         for _ in range(QUEUE):  # bounded: at most one round per receipt
-            batch = s.claim_unknown(f"claimer-{i}", 30, 1 + i % 3)
+            batch = s.queue.claim(f"claimer-{i}", 30, 1 + i % 3)
             if not batch:
                 break
             mine += [r.operation_id for r in batch]
@@ -236,13 +238,13 @@ def test_concurrent_claims_take_disjoint_receipts(url, store, world):
 
 def test_concurrent_releases_of_expired_leases_release_each_once(url, store, world):
     ops = [unknown_receipt(store, world, present=True) for _ in range(QUEUE // 2)]
-    dead = store.claim_unknown(worker="dead", lease_seconds=0.2, limit=len(ops))
+    dead = store.queue.claim(worker="dead", lease_seconds=0.2, limit=len(ops))
     wait_past(max(r.lease_expires_at for r in dead))
 
     def release_and_claim(s: ReceiptStore, i: int) -> None:
         for _ in range(len(ops)):
-            s.release_expired_leases(f"live-{i}")
-            if not s.claim_unknown(f"live-{i}", 30, 1):
+            s.queue.release_expired(f"live-{i}")
+            if not s.queue.claim(f"live-{i}", 30, 1):
                 break
 
     _in_threads(url, 6, release_and_claim)
@@ -252,8 +254,8 @@ def test_concurrent_releases_of_expired_leases_release_each_once(url, store, wor
     live_claims = Counter(
         r.operation_id for r in rows if r.to_state == "reconciling" and r.detail["who"].startswith("live-")
     )
-    assert released == live_claims == Counter({op: 1 for op in ops})
-    assert {store.get(op).lease_owner.split("-")[0] for op in ops} == {"live"}
+    assert released == live_claims == Counter(dict.fromkeys(ops, 1))
+    assert {store.receipts.get(op).lease_owner.split("-")[0] for op in ops} == {"live"}
 
 
 def test_no_read_is_made_under_a_lease_that_ran_out_while_waiting(url, store, world):
@@ -267,18 +269,18 @@ def test_no_read_is_made_under_a_lease_that_ran_out_while_waiting(url, store, wo
 
     assert (first.claimed, dict(first.verdicts)) == (3, {"succeeded": 1})
     assert len(world.received("GET")) == 1
-    assert sorted(store.get(op).state for op in ops) == ["reconciling", "reconciling", "succeeded"]
+    assert sorted(store.receipts.get(op).state for op in ops) == ["reconciling", "reconciling", "succeeded"]
 
     world.read_delay = 0.0
     second = asyncio.run(Reconciler(config, store, worker_id="next").run_once())
 
     assert dict(second.verdicts) == {"succeeded": 2}
-    assert {store.get(op).state for op in ops} == {"succeeded"}
+    assert {store.receipts.get(op).state for op in ops} == {"succeeded"}
     assert Counter(r.path for r in world.received("GET")) == Counter(
-        {f"/api/articles/{json.loads(store.get(op).request_body)['id']}": 1 for op in ops}
+        {f"/api/articles/{json.loads(store.receipts.get(op).request_body)['id']}": 1 for op in ops}
     )
     verdicts = Counter(r.operation_id for r in all_transitions(store) if r.from_state == "reconciling" and r.to_state == "succeeded")
-    assert verdicts == Counter({op: 1 for op in ops})
+    assert verdicts == Counter(dict.fromkeys(ops, 1))
 
 
 # -- a worker killed mid-claim --------------------------------------------------------------------------------
@@ -287,12 +289,12 @@ def test_no_read_is_made_under_a_lease_that_ran_out_while_waiting(url, store, wo
 def test_a_dead_workers_lease_expires_and_another_worker_finishes(url, store, world):
     op = unknown_receipt(store, world, present=True)
     config = config_for(world)
-    (claimed,) = store.claim_unknown(worker="dead", lease_seconds=1, limit=10)
+    (claimed,) = store.queue.claim(worker="dead", lease_seconds=1, limit=10)
     assert (claimed.operation_id, claimed.state, claimed.lease_owner) == (op, "reconciling", "dead")
 
     early = asyncio.run(Reconciler(config, store, worker_id="live").run_once())  # the lease still holds
     assert early.claimed == 0
-    assert (store.get(op).state, store.get(op).lease_owner) == ("reconciling", "dead")
+    assert (store.receipts.get(op).state, store.receipts.get(op).lease_owner) == ("reconciling", "dead")
     assert world.received("GET") == []
 
     wait_past(claimed.lease_expires_at)
@@ -303,9 +305,9 @@ def test_a_dead_workers_lease_expires_and_another_worker_finishes(url, store, wo
         other.dispose()
 
     assert (late.claimed, dict(late.verdicts)) == (1, {"succeeded": 1})
-    receipt = store.get(op)
+    receipt = store.receipts.get(op)
     assert (receipt.state, receipt.lease_owner) == ("succeeded", None)
-    history = store.history(op)
+    history = store.receipts.history(op)
     assert [(t.from_state, t.to_state, t.detail.get("who")) for t in history[2:]] == [
         ("submitted", "outcome_unknown", "test"),
         ("outcome_unknown", "reconciling", "dead"),
@@ -316,27 +318,27 @@ def test_a_dead_workers_lease_expires_and_another_worker_finishes(url, store, wo
     assert (history[4].detail["reason"], history[4].detail["lease_owner"]) == ("lease expired", "dead")
 
     with pytest.raises(StaleStateError):  # the dead worker wakes up with its verdict: refused
-        store.transition(op, State.RECONCILING, State.SAFE_TO_RETRY, {"who": "dead"}, owned_by="dead")
-    assert store.get(op).state == "succeeded"
-    assert len(store.history(op)) == len(history)
+        store.receipts.transition(op, State.RECONCILING, State.SAFE_TO_RETRY, {"who": "dead"}, owned_by="dead")
+    assert store.receipts.get(op).state == "succeeded"
+    assert len(store.receipts.history(op)) == len(history)
 
 
 def test_a_late_verdict_cannot_overwrite_the_successors_lease(store, world):
     op = unknown_receipt(store, world, present=False)
-    (claimed,) = store.claim_unknown(worker="dead", lease_seconds=0.5, limit=1)
-    assert store.release_expired_leases("successor") == []  # not expired yet
+    (claimed,) = store.queue.claim(worker="dead", lease_seconds=0.5, limit=1)
+    assert store.queue.release_expired("successor") == []  # not expired yet
     wait_past(claimed.lease_expires_at)
-    assert store.release_expired_leases("successor") == [op]
-    assert store.release_expired_leases("third") == []  # released once
-    (taken,) = store.claim_unknown(worker="successor", lease_seconds=30, limit=1)
+    assert store.queue.release_expired("successor") == [op]
+    assert store.queue.release_expired("third") == []  # released once
+    (taken,) = store.queue.claim(worker="successor", lease_seconds=30, limit=1)
     assert taken.operation_id == op
 
     with pytest.raises(StaleStateError):
-        store.transition(op, State.RECONCILING, State.SUCCEEDED, {"who": "dead"}, owned_by="dead", external_id="x")
-    receipt = store.get(op)
+        store.receipts.transition(op, State.RECONCILING, State.SUCCEEDED, {"who": "dead"}, owned_by="dead", external_id="x")
+    receipt = store.receipts.get(op)
     assert (receipt.state, receipt.lease_owner, receipt.external_id) == ("reconciling", "successor", None)
 
-    done = store.transition(
+    done = transitioned(store, 
         op, State.RECONCILING, State.SAFE_TO_RETRY, {"who": "successor"}, owned_by="successor", lease_owner=None
     )
     assert (done.state, done.lease_owner) == ("safe_to_retry", None)
@@ -344,14 +346,14 @@ def test_a_late_verdict_cannot_overwrite_the_successors_lease(store, world):
 
 def test_a_claim_takes_only_receipts_due_and_due_by_the_pass_start(store, world):
     op = unknown_receipt(store, world, present=True)
-    store.claim_unknown("w", 30, 1)
+    store.queue.claim("w", 30, 1)
     retry_at = utcnow() + timedelta(milliseconds=150)
-    store.transition(
+    store.receipts.transition(
         op, State.RECONCILING, State.OUTCOME_UNKNOWN, {"who": "w"}, owned_by="w",
         lease_owner=None, lease_expires_at=None, next_attempt_at=retry_at,
     )  # fmt: skip
     pass_started = utcnow()
-    assert store.claim_unknown("w", 30, 10) == []  # not due yet
+    assert store.queue.claim("w", 30, 10) == []  # not due yet
     wait_past(retry_at)
-    assert store.claim_unknown("w", 30, 10, due_by=pass_started) == []  # put back after this pass began
-    assert [r.operation_id for r in store.claim_unknown("w", 30, 10)] == [op]
+    assert store.queue.claim("w", 30, 10, due_by=pass_started) == []  # put back after this pass began
+    assert [r.operation_id for r in store.queue.claim("w", 30, 10)] == [op]

@@ -13,7 +13,7 @@ from alembic import command
 from sqlalchemy import insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
-from store_helpers import PATHS, S, count, fp, intent, raw_row, walk
+from store_helpers import PATHS, S, count, fp, intent, raw_row, recorded, transitioned, walk
 
 from proxy_addon.config import AfterSuccess
 from proxy_addon.db import alembic_config, make_engine
@@ -25,8 +25,10 @@ from proxy_addon.exceptions import (
     ReceiptNotFoundError,
     StaleStateError,
 )
+from proxy_addon.records import BlockKind, ReceiptRecord, utcnow
 from proxy_addon.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, State
-from proxy_addon.store import ReceiptRecord, ReceiptStore, receipts, transitions, utcnow
+from proxy_addon.store import ReceiptStore
+from proxy_addon.store.receipts import receipts, transitions
 
 ALLOWED = sorted((a, b) for a, targets in ALLOWED_TRANSITIONS.items() for b in targets)
 REFUSED = sorted((a, b) for a, b in itertools.product(State, State) if b not in ALLOWED_TRANSITIONS[a])
@@ -59,40 +61,40 @@ def test_every_state_is_reachable_from_planned():
 
 @pytest.mark.parametrize("src, dst", ALLOWED, ids=[f"{a}->{b}" for a, b in ALLOWED])
 def test_allowed_transition_succeeds(shared_store, src, dst):
-    op = shared_store.record_intent(intent()).operation_id
+    op = recorded(shared_store, intent()).operation_id
     walk(shared_store, op, src)
-    before = len(shared_store.history(op))
-    rec = shared_store.transition(op, src, dst, {"note": "t"})
-    got = shared_store.get(op)
+    before = len(shared_store.receipts.history(op))
+    rec = transitioned(shared_store, op, src, dst, {"note": "t"})
+    got = shared_store.receipts.get(op)
     assert rec.state == got.state == dst
     assert (got.completed_at is not None) == (dst in TERMINAL_STATES)
     assert (got.submitted_at is not None) == (S.SUBMITTED in [*PATHS[src], dst])
-    last = shared_store.history(op)[-1]
-    assert len(shared_store.history(op)) == before + 1
+    last = shared_store.receipts.history(op)[-1]
+    assert len(shared_store.receipts.history(op)) == before + 1
     assert (last.from_state, last.to_state, last.detail) == (src, dst, {"note": "t"})
 
 
 @pytest.mark.parametrize("src, dst", REFUSED, ids=[f"{a}->{b}" for a, b in REFUSED])
 def test_refused_transition_raises_and_changes_nothing(shared_store, src, dst):
-    op = shared_store.record_intent(intent()).operation_id
+    op = recorded(shared_store, intent()).operation_id
     reached = walk(shared_store, op, src)
-    before = shared_store.history(op)
+    before = shared_store.receipts.history(op)
     with pytest.raises(IllegalTransitionError):
-        shared_store.transition(op, src, dst)
-    assert shared_store.get(op) == reached
-    assert shared_store.history(op) == before
+        shared_store.receipts.transition(op, src, dst)
+    assert shared_store.receipts.get(op) == reached
+    assert shared_store.receipts.history(op) == before
 
 
 def test_stale_expected_state_and_unknown_receipt(shared_store):
-    op = shared_store.record_intent(intent()).operation_id
+    op = recorded(shared_store, intent()).operation_id
     with pytest.raises(StaleStateError) as err:
-        shared_store.transition(op, S.SUBMITTED, S.SUCCEEDED)
+        shared_store.receipts.transition(op, S.SUBMITTED, S.SUCCEEDED)
     assert (err.value.expected, err.value.actual) == ("submitted", "planned")
     with pytest.raises(ReceiptNotFoundError):
-        shared_store.transition("op_missing", S.PLANNED, S.SUBMITTED)
+        shared_store.receipts.transition("op_missing", S.PLANNED, S.SUBMITTED)
     with pytest.raises(ValueError, match="account"):
-        shared_store.transition(op, S.PLANNED, S.SUBMITTED, account="acct:mallory")
-    assert shared_store.get(op).state == S.PLANNED and len(shared_store.history(op)) == 1
+        shared_store.receipts.transition(op, S.PLANNED, S.SUBMITTED, account="acct:mallory")
+    assert shared_store.receipts.get(op).state == S.PLANNED and len(shared_store.receipts.history(op)) == 1
 
 
 @pytest.mark.parametrize("two_engines", [False, True], ids=["threads", "two-engines"])
@@ -100,14 +102,14 @@ def test_compare_and_set_race_has_exactly_one_winner(store, migrated_url, two_en
     other = ReceiptStore(make_engine(migrated_url)) if two_engines else store
     try:
         for _round in range(5):
-            op = store.record_intent(intent()).operation_id
-            store.transition(op, S.PLANNED, S.SUBMITTED)
+            op = recorded(store, intent()).operation_id
+            store.receipts.transition(op, S.PLANNED, S.SUBMITTED)
             barrier = threading.Barrier(2)
 
             def race(s: ReceiptStore, to: State):
                 barrier.wait()
                 try:
-                    return s.transition(op, S.SUBMITTED, to)
+                    return transitioned(s, op, S.SUBMITTED, to)
                 except StaleStateError as e:
                     return e
 
@@ -117,8 +119,8 @@ def test_compare_and_set_race_has_exactly_one_winner(store, migrated_url, two_en
             lost = [r for r in results if isinstance(r, StaleStateError)]
             assert len(wins) == 1 and len(lost) == 1, results
             assert (lost[0].expected, lost[0].actual) == ("submitted", wins[0].state)
-            assert store.get(op).state == wins[0].state
-            assert [t.from_state for t in store.history(op)].count("submitted") == 1
+            assert store.receipts.get(op).state == wins[0].state
+            assert [t.from_state for t in store.receipts.history(op)].count("submitted") == 1
     finally:
         if two_engines:
             other.engine.dispose()
@@ -126,23 +128,23 @@ def test_compare_and_set_race_has_exactly_one_winner(store, migrated_url, two_en
 
 def test_open_intent_index_refuses_a_second_open_receipt(store):
     f = fp()
-    first, prev = store.record_intent(intent(f)), S.PLANNED
+    first, prev = recorded(store, intent(f)), S.PLANNED
     for state in (S.PLANNED, S.SUBMITTED, S.OUTCOME_UNKNOWN, S.RECONCILING, S.MANUAL_REVIEW):  # every open state
         if state != prev:
-            prev = store.transition(first.operation_id, prev, state).state
+            prev = transitioned(store, first.operation_id, prev, state).state
         with pytest.raises(DuplicateOpenError) as err:
-            store.record_intent(intent(f))
+            recorded(store, intent(f))
         assert (err.value.operation_id, err.value.state) == (first.operation_id, state)
     with pytest.raises(IntegrityError), store.engine.begin() as c:  # the database itself enforces it
         c.execute(insert(receipts).values(**raw_row(f)))
     assert count(store, receipts, receipts.c.intent_fingerprint == f) == 1
-    store.transition(first.operation_id, S.MANUAL_REVIEW, S.SAFE_TO_RETRY)
+    store.receipts.transition(first.operation_id, S.MANUAL_REVIEW, S.SAFE_TO_RETRY)
     with store.engine.begin() as c:  # terminal: the index no longer covers it
         c.execute(insert(receipts).values(**(row := raw_row(f))))
     with pytest.raises(DuplicateOpenError) as err:
-        store.record_intent(intent(f))
+        recorded(store, intent(f))
     assert err.value.operation_id == row["operation_id"]
-    other = store.record_intent(intent(f, account="acct:bob"))  # another account's identical intent
+    other = recorded(store, intent(f, account="acct:bob"))  # another account's identical intent
     assert other.state == S.PLANNED and other.account == "acct:bob"
 
 
@@ -152,29 +154,29 @@ def test_authentication_is_never_recorded(store):
 
 
 def test_idempotency_key_reuse_with_another_fingerprint(store):
-    first = store.record_intent(intent(idempotency_key="key-1"))
+    first = recorded(store, intent(idempotency_key="key-1"))
     for attempt in range(2):
         with pytest.raises(IdempotencyKeyMismatchError) as err:
-            store.record_intent(intent(idempotency_key="key-1"))
+            recorded(store, intent(idempotency_key="key-1"))
         assert err.value.operation_id == first.operation_id and "key-1" in str(err.value)
         if attempt == 0:  # still refused once the first receipt is terminal
-            store.transition(first.operation_id, S.PLANNED, S.REJECTED)
+            store.receipts.transition(first.operation_id, S.PLANNED, S.REJECTED)
     assert count(store, receipts) == 1
-    assert store.record_intent(intent(idempotency_key="key-1", account="acct:bob")).state == S.PLANNED
+    assert recorded(store, intent(idempotency_key="key-1", account="acct:bob")).state == S.PLANNED
 
 
 def test_idempotency_key_reuse_with_the_same_fingerprint_is_a_retry(store):
     f = fp()
-    first = store.record_intent(intent(f, idempotency_key="key-2"))
+    first = recorded(store, intent(f, idempotency_key="key-2"))
     with pytest.raises(DuplicateOpenError) as err:  # the open receipt blocks it, not a key mismatch
-        store.record_intent(intent(f, idempotency_key="key-2"))
+        recorded(store, intent(f, idempotency_key="key-2"))
     assert type(err.value) is DuplicateOpenError and err.value.operation_id == first.operation_id
-    store.transition(first.operation_id, S.PLANNED, S.REJECTED)
-    assert store.record_intent(intent(f, idempotency_key="key-2")).state == S.PLANNED
+    store.receipts.transition(first.operation_id, S.PLANNED, S.REJECTED)
+    assert recorded(store, intent(f, idempotency_key="key-2")).state == S.PLANNED
 
 
 def succeeded(store: ReceiptStore, f: str, age: float = 0.0) -> ReceiptRecord:
-    op = store.record_intent(intent(f)).operation_id
+    op = recorded(store, intent(f)).operation_id
     return walk(store, op, S.SUCCEEDED, completed_at=utcnow() - timedelta(seconds=age))
 
 
@@ -183,17 +185,17 @@ def test_after_success_replay_and_refuse(store, policy):
     f = fp()
     done = succeeded(store, f)
     with pytest.raises(DuplicateSucceededError) as err:
-        store.record_intent(intent(f), AfterSuccess(policy=policy, window="15m"))
-    assert err.value.policy == policy and err.value.operation_id == done.operation_id
-    assert isinstance(err.value.receipt, ReceiptRecord) and err.value.receipt.operation_id == done.operation_id
-    assert err.value.receipt.state == S.SUCCEEDED
+        recorded(store, intent(f), AfterSuccess(policy=policy, window="15m"))
+    assert err.value.blocker.kind == BlockKind.SUCCEEDED and err.value.operation_id == done.operation_id
+    assert isinstance(err.value.blocker.receipt, ReceiptRecord) and err.value.blocker.receipt.operation_id == done.operation_id
+    assert err.value.blocker.receipt.state == S.SUCCEEDED
     assert count(store, receipts, receipts.c.intent_fingerprint == f) == 1
 
 
 def test_after_success_allow_creates_a_new_receipt(store):
     f = fp()
     done = succeeded(store, f)
-    new = store.record_intent(intent(f), AfterSuccess(policy="allow", window="15m"))
+    new = recorded(store, intent(f), AfterSuccess(policy="allow", window="15m"))
     assert new.operation_id != done.operation_id and new.state == S.PLANNED
 
 
@@ -205,40 +207,40 @@ def test_after_success_window(store, age, window, refused):
     policy = None if window is None else AfterSuccess(policy="refuse", window=window)
     if refused:
         with pytest.raises(DuplicateSucceededError):
-            store.record_intent(intent(f), policy)
+            recorded(store, intent(f), policy)
     else:
-        assert store.record_intent(intent(f), policy).state == S.PLANNED
+        assert recorded(store, intent(f), policy).state == S.PLANNED
 
 
 def test_history_is_complete_and_ordered(store):
-    op = store.record_intent(intent(proxy_instance="proxy-1")).operation_id
+    op = recorded(store, intent(proxy_instance="proxy-1")).operation_id
     path = [S.SUBMITTED, S.OUTCOME_UNKNOWN, S.RECONCILING, S.OUTCOME_UNKNOWN, S.RECONCILING, S.MANUAL_REVIEW,
             S.SUCCEEDED]
-    store.record_intent(intent())  # another receipt's history must not interleave
+    recorded(store, intent())  # another receipt's history must not interleave
     for i, (a, b) in enumerate(zip([S.PLANNED, *path], path)):
-        store.transition(op, a, b, {"step": i, "who": "test"})
-    history = store.history(op)
+        store.receipts.transition(op, a, b, {"step": i, "who": "test"})
+    history = store.receipts.history(op)
     assert [(h.from_state, h.to_state) for h in history] == list(zip([None, S.PLANNED, *path], [S.PLANNED, *path]))
     assert history[0].detail["who"] == "proxy-1" and history[0].detail["fingerprint"].startswith("sha256:")
     assert [h.detail for h in history[1:]] == [{"step": i, "who": "test"} for i in range(len(path))]
     assert [h.id for h in history] == sorted({h.id for h in history})
     assert [h.recorded_at for h in history] == sorted(h.recorded_at for h in history)
-    assert {h.operation_id for h in history} == {op} and store.get(op).state == history[-1].to_state
+    assert {h.operation_id for h in history} == {op} and store.receipts.get(op).state == history[-1].to_state
 
 
 def test_timestamps_are_aware_utc(store, migrated_url):
     before = utcnow()
-    op = store.record_intent(intent()).operation_id
-    returned = [store.transition(op, S.PLANNED, S.SUBMITTED).submitted_at,
-                store.transition(op, S.SUBMITTED, S.SUCCEEDED).completed_at]
+    op = recorded(store, intent()).operation_id
+    returned = [transitioned(store, op, S.PLANNED, S.SUBMITTED).submitted_at,
+                transitioned(store, op, S.SUBMITTED, S.SUCCEEDED).completed_at]
     after = utcnow()
     # read back through a session in another time zone: the values must still come out as UTC
-    args = {"connect_args": {"options": "-c timezone=America/New_York"}} if store.dialect == "postgresql" else {}
+    args = {"connect_args": {"options": "-c timezone=America/New_York"}} if store.db.dialect == "postgresql" else {}
     elsewhere = ReceiptStore(make_engine(migrated_url, **args))
     try:
-        got = elsewhere.get(op)
+        got = elsewhere.receipts.get(op)
         stamps = [*returned, got.created_at, got.updated_at, got.submitted_at, got.completed_at,
-                  *(h.recorded_at for h in elsewhere.history(op))]
+                  *(h.recorded_at for h in elsewhere.receipts.history(op))]
     finally:
         elsewhere.engine.dispose()
     for ts in stamps:
@@ -253,7 +255,7 @@ def test_twenty_identical_intents_at_once_make_one_receipt(store):
     def attempt(_):
         barrier.wait()
         try:
-            return store.record_intent(intent(f))
+            return recorded(store, intent(f))
         except DuplicateOpenError as e:
             return e
 

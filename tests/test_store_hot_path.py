@@ -6,7 +6,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
-from store_helpers import S, fp, intent, walk
+from store_helpers import S, fp, intent, recorded, walk
 
 from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
@@ -19,6 +19,7 @@ from proxy_addon.exceptions import (
     SubmitNotRecordedError,
 )
 from proxy_addon.store import ReceiptStore
+from proxy_addon.store.receipts import _Step
 
 
 @pytest.fixture
@@ -31,66 +32,66 @@ def fast_store(migrated_url: str):
 
 
 def history(store: ReceiptStore, op: str) -> list[tuple[str | None, str]]:
-    return [(t.from_state, t.to_state) for t in store.history(op)]
+    return [(t.from_state, t.to_state) for t in store.receipts.history(op)]
 
 
 def test_record_and_submit_commits_planned_then_submitted(fast_store: ReceiptStore):
     it = intent(proxy_instance="me")
-    fast_store.record_and_submit(it, None, "me")
-    rec = fast_store.get(it.operation_id)
+    fast_store.receipts.record_and_submit(it, None, "me")
+    rec = fast_store.receipts.get(it.operation_id)
     assert rec.state == S.SUBMITTED and rec.submitted_at is not None and rec.proxy_instance == "me"
     assert history(fast_store, it.operation_id) == [(None, "planned"), ("planned", "submitted")]
-    fast_store.advance(it.operation_id, S.SUBMITTED, S.SUCCEEDED, {"who": "me"}, status_code=201)
-    rec = fast_store.get(it.operation_id)
+    fast_store.receipts.transition(it.operation_id, S.SUBMITTED, S.SUCCEEDED, {"who": "me"}, status_code=201)
+    rec = fast_store.receipts.get(it.operation_id)
     assert (rec.state, rec.status_code) == ("succeeded", 201) and rec.completed_at is not None
     with pytest.raises(StaleStateError):
-        fast_store.advance(it.operation_id, S.SUBMITTED, S.REJECTED)
+        fast_store.receipts.transition(it.operation_id, S.SUBMITTED, S.REJECTED)
 
 
 def test_record_and_submit_refuses_like_record_intent(fast_store: ReceiptStore):
     f = fp()
     first = intent(f, idempotency_key="k-1")
-    fast_store.record_and_submit(first, None, "me")
+    fast_store.receipts.record_and_submit(first, None, "me")
     with pytest.raises(DuplicateOpenError) as e:
-        fast_store.record_and_submit(intent(f), None, "me")
+        fast_store.receipts.record_and_submit(intent(f), None, "me")
     assert e.value.operation_id == first.operation_id and e.value.intent is not None
     with pytest.raises(IdempotencyKeyMismatchError):
-        fast_store.record_and_submit(intent(idempotency_key="k-1"), None, "me")
-    fast_store.advance(first.operation_id, S.SUBMITTED, S.SUCCEEDED, status_code=201)
+        fast_store.receipts.record_and_submit(intent(idempotency_key="k-1"), None, "me")
+    fast_store.receipts.transition(first.operation_id, S.SUBMITTED, S.SUCCEEDED, status_code=201)
     policy = AfterSuccess(policy="refuse", window=timedelta(hours=1).total_seconds())
     with pytest.raises(DuplicateSucceededError) as e:
-        fast_store.record_and_submit(intent(f), policy, "me")
-    assert e.value.receipt.operation_id == first.operation_id and e.value.receipt.status_code == 201
-    fast_store.record_and_submit(intent(f), AfterSuccess(policy="allow"), "me")  # allowed: a new receipt
+        fast_store.receipts.record_and_submit(intent(f), policy, "me")
+    assert e.value.blocker.receipt.operation_id == first.operation_id and e.value.blocker.receipt.status_code == 201
+    fast_store.receipts.record_and_submit(intent(f), AfterSuccess(policy="allow"), "me")  # allowed: a new receipt
 
 
 def test_an_open_receipt_wins_over_a_recent_success(fast_store: ReceiptStore):
     f = fp()
-    done = fast_store.record_intent(intent(f))
+    done = recorded(fast_store, intent(f))
     walk(fast_store, done.operation_id, S.SUCCEEDED)
     still_open = intent(f)
-    fast_store.record_and_submit(still_open, AfterSuccess(policy="allow"), "me")
+    fast_store.receipts.record_and_submit(still_open, AfterSuccess(policy="allow"), "me")
     with pytest.raises(DuplicateOpenError) as e:
-        fast_store.record_and_submit(intent(f), AfterSuccess(policy="replay", window=3600), "me")
+        fast_store.receipts.record_and_submit(intent(f), AfterSuccess(policy="replay", window=3600), "me")
     assert e.value.operation_id == still_open.operation_id
 
 
 def test_submit_that_cannot_be_committed_says_which_receipt_is_planned(fast_store: ReceiptStore, monkeypatch):
     it = intent()
-    real = fast_store._cas
+    real = _Step.apply
 
-    def failing(conn, op, expected_from, to, *a, **kw):
-        if to == S.SUBMITTED:
+    def failing(step, conn):
+        if step.to == S.SUBMITTED:
             from sqlalchemy.exc import OperationalError
 
             raise OperationalError("UPDATE", {}, Exception("disk I/O error"))
-        return real(conn, op, expected_from, to, *a, **kw)
+        return real(step, conn)
 
-    monkeypatch.setattr(fast_store, "_cas", failing)
+    monkeypatch.setattr(_Step, "apply", failing)
     with pytest.raises(SubmitNotRecordedError) as e:
-        fast_store.record_and_submit(it, None, "me")
+        fast_store.receipts.record_and_submit(it, None, "me")
     assert isinstance(e.value, JournalUnavailableError) and e.value.operation_id == it.operation_id
-    assert fast_store.get(it.operation_id).state == S.PLANNED
+    assert fast_store.receipts.get(it.operation_id).state == S.PLANNED
 
 
 def test_pooled_connections_killed_by_the_server_are_replaced_without_pre_ping(pg_url):
@@ -102,7 +103,7 @@ def test_pooled_connections_killed_by_the_server_are_replaced_without_pre_ping(p
     store = ReceiptStore(engine)
     try:
         first = intent()
-        store.record_and_submit(first, None, "me")  # the pool now holds an idle connection
+        store.receipts.record_and_submit(first, None, "me")  # the pool now holds an idle connection
         database = make_url(pg_url).database
         with psycopg.connect(make_url(pg_url).set(drivername="postgresql").render_as_string(False), autocommit=True) as admin:
             killed = admin.execute(
@@ -110,11 +111,11 @@ def test_pooled_connections_killed_by_the_server_are_replaced_without_pre_ping(p
                 (database,),
             ).fetchone()[0]
         assert killed >= 1
-        store.advance(first.operation_id, S.SUBMITTED, S.SUCCEEDED, status_code=201)
+        store.receipts.transition(first.operation_id, S.SUBMITTED, S.SUCCEEDED, status_code=201)
         second = intent()
-        store.record_and_submit(second, None, "me")
-        assert store.get(first.operation_id).state == "succeeded"
-        assert store.get(second.operation_id).state == "submitted"
+        store.receipts.record_and_submit(second, None, "me")
+        assert store.receipts.get(first.operation_id).state == "succeeded"
+        assert store.receipts.get(second.operation_id).state == "submitted"
     finally:
         engine.dispose()
 
@@ -128,7 +129,7 @@ def test_group_commit_keeps_each_write_atomic_and_isolated(sqlite_url):
 
     migrate(sqlite_url)
     store = ReceiptStore(make_engine(sqlite_url, pool_pre_ping=False))
-    store.enable_group_commit(max_batch=16)
+    store.db.enable_group_commit(max_batch=16)
     try:
         f = fp()
         outcomes: list[str] = []
@@ -137,10 +138,10 @@ def test_group_commit_keeps_each_write_atomic_and_isolated(sqlite_url):
         def one(i: int) -> None:
             it = intent(f if i % 2 else None)
             try:
-                store.record_and_submit(it, None, "me")
-                store.advance(it.operation_id, S.SUBMITTED, S.SUCCEEDED, status_code=201)
+                store.receipts.record_and_submit(it, None, "me")
+                store.receipts.transition(it.operation_id, S.SUBMITTED, S.SUCCEEDED, status_code=201)
                 with pytest.raises(StaleStateError):
-                    store.advance(it.operation_id, S.SUBMITTED, S.REJECTED)
+                    store.receipts.transition(it.operation_id, S.SUBMITTED, S.REJECTED)
                 result = "ok"
             except (DuplicateOpenError, DuplicateSucceededError):  # open, or succeeded within the window
                 result = "duplicate"
@@ -155,10 +156,10 @@ def test_group_commit_keeps_each_write_atomic_and_isolated(sqlite_url):
         # the 20 distinct ones are all recorded; of the 20 identical ones exactly one (the default
         # after-success policy refuses a repeat of a recent success, as the open index refuses an open one)
         assert (outcomes.count("ok"), outcomes.count("duplicate")) == (21, 19)
-        rows = store.list_receipts(limit=None)
+        rows = store.receipts.list(limit=None)
         assert all(r.state == "succeeded" for r in rows)
         assert len(rows) == outcomes.count("ok")
-        assert all(len(store.history(r.operation_id)) == 3 for r in rows)
+        assert all(len(store.receipts.history(r.operation_id)) == 3 for r in rows)
     finally:
         store.close()
         store.engine.dispose()

@@ -20,16 +20,16 @@ the test with every violation found.
 import json
 from collections import defaultdict
 from collections.abc import Iterable
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from sqlalchemy import select
 
+from faults.recording_upstream import Reception
 from proxy_addon.db import make_engine
 from proxy_addon.models import Receipt, ReceiptTransition
 from proxy_addon.states import TERMINAL_STATES, State, is_allowed
-from faults.recording_upstream import Reception
 
 RETRYABLE_TERMINAL = frozenset({State.REJECTED.value, State.SAFE_TO_RETRY.value})
 UNSETTLED = frozenset({State.PLANNED.value, State.SUBMITTED.value})

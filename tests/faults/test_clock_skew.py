@@ -35,14 +35,17 @@ import pytest
 import yaml
 from conftest import IN_CI, migrate
 from sqlalchemy import func, select
+from store_helpers import recorded
 from support.e2e import open_store, proxy_client, stop_process, wait_for
 from support.proxy import REPO, start_proxy_process
 from support.upstream import Upstream, start_upstream
 
 from proxy_addon.config import parse_config
-from proxy_addon.reconcile import Reconciler
+from proxy_addon.reconcile.worker import Reconciler
+from proxy_addon.records import Intent
 from proxy_addon.states import State
-from proxy_addon.store import NewIntent, ReceiptStore, instances
+from proxy_addon.store import ReceiptStore
+from proxy_addon.store.instances import instances
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SKEWS = {"-2h": -7200.0, "+2h": 7200.0}
@@ -145,7 +148,7 @@ class Replica:
 
 
 def receipt_of(store: ReceiptStore, marker: str):
-    for r in store.list_receipts(limit=None):
+    for r in store.receipts.list(limit=None):
         if r.request_body and marker.encode() in r.request_body:
             return r
     return None
@@ -184,14 +187,14 @@ def test_heartbeats_use_database_time(pg, upstream, tmp_path, skew, frozen):
             assert answer.status_code == 201 and answer.headers["X-Receipt-State"] == "succeeded", (n, answer.text)
             receipt = receipt_of(store, markers[n])
             assert receipt.state == State.SUCCEEDED and receipt.proxy_instance == ids[n]
-            assert all(h.detail.get("error") != "proxy_interrupted" for h in store.history(receipt.operation_id))
+            assert all(h.detail.get("error") != "proxy_interrupted" for h in store.receipts.history(receipt.operation_id))
         now = db_now(store)
         with store.engine.connect() as c:
             rows = {r.instance_id: r for r in c.execute(select(instances).where(instances.c.instance_id.in_(ids.values())))}
         for n, iid in ids.items():
             assert rows[iid].recovered_at is None, f"the live {n} replica was recovered"
             assert abs((now - rows[iid].heartbeat_at).total_seconds()) < 2, f"{n} heartbeat {rows[iid].heartbeat_at} vs db {now}"
-        assert store.dead_instances(None, DEAD_AFTER) == []
+        assert store.instances.dead(None, DEAD_AFTER) == []
 
         # one freezes with a write in flight; the other recovers it after instance_dead_after, by database time
         victim, survivor = replicas[frozen], replicas["skewed" if frozen == "true" else "true"]
@@ -204,7 +207,7 @@ def test_heartbeats_use_database_time(pg, upstream, tmp_path, skew, frozen):
         took = time.monotonic() - frozen_at
         assert recovered, f"the frozen {frozen} replica's receipt was never recovered"
         assert (recovered.state, recovered.error_code) == (State.OUTCOME_UNKNOWN, "proxy_interrupted")
-        last = store.history(recovered.operation_id)[-1].detail
+        last = store.receipts.history(recovered.operation_id)[-1].detail
         assert last["who"] == ids[survivor.name] and last["dead_instance"] == ids[frozen]
         assert DEAD_AFTER - HEARTBEAT - 0.3 <= took <= DEAD_AFTER + 5, f"recovered {took:.2f}s after the freeze"
     finally:
@@ -244,14 +247,14 @@ def reconcile_config(tmp: Path, up: Upstream, read_path: str, name: str) -> Path
 
 
 def unknown_receipt(store: ReceiptStore, up: Upstream, next_attempt_at: datetime | None = None, op: str = "things") -> str:
-    planned = store.record_intent(
-        NewIntent(operation=f"{op}.create", method="POST", scheme="http", host="127.0.0.1", port=up.port,
+    planned = recorded(store, 
+        Intent(operation=f"{op}.create", method="POST", scheme="http", host="127.0.0.1", port=up.port,
                   path=f"/{op}", intent_fingerprint="sha256:" + uuid.uuid4().hex * 2, account="acct:skew",
                   request_body=b'{"n":1}', request_body_size=7)
     )
     op = planned.operation_id
-    store.transition(op, State.PLANNED, State.SUBMITTED, {"who": "test"})
-    store.transition(op, State.SUBMITTED, State.OUTCOME_UNKNOWN, {"who": "test"}, error_code="upstream_timeout",
+    store.receipts.transition(op, State.PLANNED, State.SUBMITTED, {"who": "test"})
+    store.receipts.transition(op, State.SUBMITTED, State.OUTCOME_UNKNOWN, {"who": "test"}, error_code="upstream_timeout",
                      next_attempt_at=next_attempt_at)
     return op
 
@@ -284,7 +287,7 @@ def wait_past(store: ReceiptStore, moment: datetime) -> None:
 
 
 def lease_of(store: ReceiptStore, op: str) -> tuple[str, str | None, datetime | None]:
-    r = store.get(op)
+    r = store.receipts.get(op)
     return r.state, r.lease_owner, r.lease_expires_at
 
 
@@ -317,9 +320,9 @@ def test_a_skewed_workers_lease_expires_by_database_time(pg, upstream, tmp_path,
     # once it ran out by the database's clock: released and taken back, and settled
     wait_past(store, expires)
     assert true_clock_pass(store, fast, "true-worker") == 1
-    receipt = store.get(op)
+    receipt = store.receipts.get(op)
     assert receipt.state == State.SUCCEEDED, receipt
-    steps = [(h.from_state, h.to_state, h.detail.get("who")) for h in store.history(op)][2:]
+    steps = [(h.from_state, h.to_state, h.detail.get("who")) for h in store.receipts.history(op)][2:]
     assert steps == [
         ("submitted", "outcome_unknown", "test"),
         ("outcome_unknown", "reconciling", owner),
@@ -337,13 +340,13 @@ def test_a_skewed_worker_takes_a_dead_workers_lease_only_once_it_expired(pg, ups
     try:
         # the skewed worker is up once it settled a first receipt
         first = unknown_receipt(store, upstream)
-        assert wait_for(lambda: store.get(first).state == State.SUCCEEDED, 30), (tmp_path / "skewed-loop.log").read_text()
+        assert wait_for(lambda: store.receipts.get(first).state == State.SUCCEEDED, 30), (tmp_path / "skewed-loop.log").read_text()
         # while it is paused, a true-clock worker claims a receipt and dies; a retry that is due, one that is
         # not, and one whose read fails join the queue
         os.kill(worker.pid, signal.SIGSTOP)
         try:
             held = unknown_receipt(store, upstream)
-            [claim] = store.claim_unknown("dead-true-worker", LEASE, 10)
+            [claim] = store.queue.claim("dead-true-worker", LEASE, 10)
             assert claim.operation_id == held
             now = db_now(store)
             due = unknown_receipt(store, upstream, next_attempt_at=now - timedelta(seconds=1))
@@ -357,22 +360,22 @@ def test_a_skewed_worker_takes_a_dead_workers_lease_only_once_it_expired(pg, ups
         while (now := db_now(store)) < claim.lease_expires_at - timedelta(milliseconds=300):
             assert worker.poll() is None, (tmp_path / "skewed-loop.log").read_text()[-2000:]
             assert lease_of(store, held) == (State.RECONCILING, "dead-true-worker", claim.lease_expires_at)
-            put_back = store.get(failing)
+            put_back = store.receipts.get(failing)
             if put_back.reconcile_attempts == 1 and put_back.state == State.OUTCOME_UNKNOWN and first_retry_wait is None:
                 first_retry_wait = (put_back.next_attempt_at - now).total_seconds()
             time.sleep(0.05)
-        assert store.get(due).state == State.SUCCEEDED, "a due retry was not taken by the skewed worker"
+        assert store.receipts.get(due).state == State.SUCCEEDED, "a due retry was not taken by the skewed worker"
         assert first_retry_wait is not None and 0 < first_retry_wait <= BACKOFF, (
             f"a failed read's retry set {first_retry_wait}s from the database's now, for {BACKOFF}s of backoff")
 
         # once it ran out: released, taken back and settled by the skewed worker
-        settled = wait_for(lambda: store.get(held).state == State.SUCCEEDED, 10, 0.05)
-        assert settled, (store.get(held), (tmp_path / "skewed-loop.log").read_text()[-2000:])
+        settled = wait_for(lambda: store.receipts.get(held).state == State.SUCCEEDED, 10, 0.05)
+        assert settled, (store.receipts.get(held), (tmp_path / "skewed-loop.log").read_text()[-2000:])
     finally:
         stop_process(worker)
-    released = [h for h in store.history(held) if h.detail.get("reason") == "lease expired"]
+    released = [h for h in store.receipts.history(held) if h.detail.get("reason") == "lease expired"]
     assert len(released) == 1 and released[0].detail["lease_owner"] == "dead-true-worker"
-    later_now = store.get(later)
+    later_now = store.receipts.get(later)
     assert later_now.state == State.OUTCOME_UNKNOWN and later_now.lease_owner is None  # not due yet, by the database
-    retried = store.get(failing)  # retried after its backoff, not at once nor two hours late
+    retried = store.receipts.get(failing)  # retried after its backoff, not at once nor two hours late
     assert retried.state == State.OUTCOME_UNKNOWN and 2 <= retried.reconcile_attempts <= 4, retried

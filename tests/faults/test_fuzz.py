@@ -33,9 +33,9 @@ from proxy_addon.account import AccountHasher
 from proxy_addon.config import DEFAULT_REDACT_FIELDS, ReceiptsConfig, parse_config
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.fingerprint import REDACTED, analyse_body, intent_fingerprint
-from proxy_addon.journal import RequestFacts, build_intent
+from proxy_addon.intent import RequestFacts, build_intent
 from proxy_addon.states import State
-from proxy_addon.store import receipts, transitions
+from proxy_addon.store.receipts import receipts, transitions
 
 FINGERPRINT = re.compile(r"^sha256:[0-9a-f]{64}$")
 PURE = settings(max_examples=250, deadline=None, database=None)
@@ -94,7 +94,7 @@ def secret_json(draw):
                 planted.append(value)
                 doc[field] = draw(st.sampled_from([value, [value], {"inner": value}]))
             for k in list(doc)[:3]:
-                if isinstance(doc[k], dict | list) and not str(k).lower() in SECRET_FIELDS:
+                if isinstance(doc[k], dict | list) and str(k).lower() not in SECRET_FIELDS:
                     doc[k] = plant(doc[k], depth + 1)
             return doc
         if isinstance(doc, list):
@@ -586,7 +586,7 @@ def test_the_proxy_never_crashes_and_never_forwards_without_a_receipt(
 
     problem = r.headers.get("content-type", "").startswith(PROBLEM_JSON)
     if "x-receipt-id" in r.headers:
-        receipt = store.get(r.headers["x-receipt-id"])  # the receipt it names exists, in the state it says
+        receipt = store.receipts.get(r.headers["x-receipt-id"])  # the receipt it names exists, in the state it says
         assert r.headers.get("x-receipt-state") == receipt.state, (r.status_code, r.headers, receipt)
         forwarded = not problem and "x-receipt-replayed" not in r.headers  # the upstream's own answer
         fresh = forwarded or document_type(r) in ("outcome-unknown", "not-sent")

@@ -13,8 +13,9 @@ from store_helpers import intent, raw_row
 
 from faults.invariants import Journal, find_violations, read_journal
 from faults.recording_upstream import Reception
+from proxy_addon.records import utcnow
 from proxy_addon.states import State
-from proxy_addon.store import receipts, transitions, utcnow
+from proxy_addon.store.receipts import receipts, transitions
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -112,10 +113,10 @@ def test_a_receipt_created_just_after_another_closed_is_no_violation(store):
     (completed_at, later by that clock) and committed, then B decides, sees A closed, and is created. The
     proxy did right; a checker ordering by the timestamps called it a duplicate forward."""
     a = intent(fingerprint="sha256:" + "a" * 64, request_body=b'{"tag": "a"}')
-    store.record_and_submit(a, None, "proxy-1")
+    store.receipts.record_and_submit(a, None, "proxy-1")
     b = replace(a, operation_id="op_b_" + uuid.uuid4().hex[:8])
     b_waiting, a_closed = threading.Event(), threading.Event()
-    plain_write = store._write
+    plain_write = store.db.write
 
     def write(work, conn=None):
         if threading.current_thread().name.startswith("creating-b"):  # B's clock was read before this call
@@ -123,14 +124,14 @@ def test_a_receipt_created_just_after_another_closed_is_no_violation(store):
             assert a_closed.wait(10)
         return plain_write(work, conn)
 
-    store._write = write
+    store.db.write = write
     with ThreadPoolExecutor(1, thread_name_prefix="creating-b") as pool:
-        creating_b = pool.submit(store.record_and_submit, b, None, "proxy-1")
+        creating_b = pool.submit(store.receipts.record_and_submit, b, None, "proxy-1")
         assert b_waiting.wait(10)
-        store.advance(a.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
+        store.receipts.transition(a.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
         a_closed.set()
         creating_b.result(10)
-    store.advance(b.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
+    store.receipts.transition(b.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
 
     journal = _journal_of(store)
     ra, rb = journal.receipts[a.operation_id], journal.receipts[b.operation_id]
@@ -143,7 +144,7 @@ def test_a_receipt_created_while_another_was_open_is_found(store):
     """The same two receipts, but B written while A is still open, past the decision and the open-intent
     index (dropped here): the checker must call it a duplicate forward, although B's timestamps are later."""
     a = intent(fingerprint="sha256:" + "b" * 64, request_body=b'{"tag": "a"}')
-    store.record_and_submit(a, None, "proxy-1")
+    store.receipts.record_and_submit(a, None, "proxy-1")
     b = replace(a, operation_id="op_b_" + uuid.uuid4().hex[:8])
     with store.engine.begin() as conn:
         conn.execute(text("DROP INDEX uq_receipts_open_intent"))
@@ -152,9 +153,9 @@ def test_a_receipt_created_while_another_was_open_is_found(store):
                                         "request_body": b'{"tag": "a"}', "state": "planned"})
         conn.execute(insert(transitions), {"operation_id": b.operation_id, "from_state": None, "to_state": "planned",
                                            "recorded_at": now, "detail": {}})
-    store.advance(a.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
-    store.advance(b.operation_id, State.PLANNED, State.SUBMITTED, {"who": "proxy-1"})
-    store.advance(b.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
+    store.receipts.transition(a.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
+    store.receipts.transition(b.operation_id, State.PLANNED, State.SUBMITTED, {"who": "proxy-1"})
+    store.receipts.transition(b.operation_id, State.SUBMITTED, State.REJECTED, {"who": "proxy-1"}, status_code=422)
 
     journal = _journal_of(store)
     sent = [got("a", a.operation_id, 1), got("a", b.operation_id, 2)]

@@ -20,6 +20,8 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
+from support.e2e import migrate, open_store, stop_process, wait_for
+from support.proxy import start_proxy_process
 
 from faults.fault_harness import (
     MIXED,
@@ -36,15 +38,13 @@ from faults.fault_harness import (
 )
 from faults.invariants import check_scenario
 from faults.recording_upstream import SUCCESS, RecordingUpstream
-from support.e2e import migrate, open_store, stop_process, wait_for
-from support.proxy import start_proxy_process
 
 FAIL_OPEN_EVENT = "journal_unavailable_forwarding_without_receipt"
 
 
 def unsettled(database: str) -> list:
     with open_store(database) as store:
-        return store.list_receipts(states=["planned", "submitted"], limit=None)
+        return store.receipts.list(states=["planned", "submitted"], limit=None)
 
 
 def outage_under_load(

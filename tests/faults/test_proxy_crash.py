@@ -13,12 +13,12 @@ import signal
 import time
 
 import pytest
+from support.e2e import migrate, open_store, stop_process, wait_for
+from support.proxy import start_proxy_process
 
 from faults.fault_harness import MIXED, Agents, answered_ids, fault_config, intent_pool, proxy_client, send
 from faults.invariants import check_scenario
 from faults.recording_upstream import SLOW
-from support.e2e import migrate, open_store, stop_process, wait_for
-from support.proxy import start_proxy_process
 
 RECOVERY_LIMIT = 30.0  # the contract: a dead instance's receipts are recovered within 30 s of a restart
 
@@ -32,7 +32,7 @@ def database(request) -> str:
 
 def unsettled(database: str) -> list:
     with open_store(database) as store:
-        return store.list_receipts(states=["planned", "submitted"], limit=None)
+        return store.receipts.list(states=["planned", "submitted"], limit=None)
 
 
 def test_proxy_sigkilled_under_load_loses_nothing_and_forwards_nothing_twice(database, upstream, tmp_path):
@@ -61,7 +61,7 @@ def test_proxy_sigkilled_under_load_loses_nothing_and_forwards_nothing_twice(dat
         assert recovered, f"still unsettled {RECOVERY_LIMIT:.0f} s after the restart: {unsettled(database)}"
 
         with open_store(database) as store:
-            interrupted = [r for r in store.list_receipts(limit=None) if r.error_code == "proxy_interrupted"]
+            interrupted = [r for r in store.receipts.list(limit=None) if r.error_code == "proxy_interrupted"]
         assert interrupted, "the write in flight at the kill was not recovered as proxy_interrupted"
         assert all(r.state == "outcome_unknown" for r in interrupted)
         # an interrupted intent sent again is refused: it may have happened

@@ -15,13 +15,13 @@ import time
 from datetime import UTC, datetime
 
 from sqlalchemy import select
+from support.e2e import open_store, wait_for
 
 from faults.fault_harness import MIXED, Agents, Intent, answered_ids, burst, fault_config, intent_pool, load_topology
 from faults.invariants import check_scenario
 from faults.recording_upstream import RESET, SLOW, SUCCESS
 from proxy_addon.db import make_engine
 from proxy_addon.models import ProxyInstance
-from support.e2e import open_store, wait_for
 
 BURST_MODES = [SUCCESS, SLOW, RESET, SLOW]  # no reject: a rejected receipt invites a retry
 PER_PROXY = 5
@@ -58,9 +58,9 @@ def test_bursts_to_both_replicas_are_forwarded_once_and_a_dead_replica_is_recove
                 reset_receipt = first[0].receipt_id
 
         with open_store(database) as store:
-            settled = wait_for(lambda: store.get(reset_receipt).state == "succeeded", 20, 0.2)
-            assert settled, f"the worker did not settle the reset write: {store.get(reset_receipt).state}"
-            assert store.history(reset_receipt)[-1].detail.get("result") == "present"
+            settled = wait_for(lambda: store.receipts.get(reset_receipt).state == "succeeded", 20, 0.2)
+            assert settled, f"the worker did not settle the reset write: {store.receipts.get(reset_receipt).state}"
+            assert store.receipts.history(reset_receipt)[-1].detail.get("result") == "present"
 
         # mixed load on both; one replica dies under it and is recovered by the survivor or the worker
         agents = Agents(proxies, upstream.items_url, intent_pool(20, MIXED, seed=5, slow_seconds=0.6), threads=6,
@@ -69,7 +69,7 @@ def test_bursts_to_both_replicas_are_forwarded_once_and_a_dead_replica_is_recove
         try:
             with open_store(database) as store:
                 def in_flight(states=("planned", "submitted")) -> list:
-                    receipts = store.list_receipts(states=list(states), limit=None)
+                    receipts = store.receipts.list(states=list(states), limit=None)
                     return [r for r in receipts if r.proxy_instance and f"-{victim.proc.pid}-" in r.proxy_instance]
 
                 # kill it while it holds a slow write it has sent (a quick one could be answered before the kill)
@@ -77,12 +77,12 @@ def test_bursts_to_both_replicas_are_forwarded_once_and_a_dead_replica_is_recove
                 victim.kill()
                 recovered = wait_for(lambda: not in_flight(), 30, 0.2)
                 assert recovered, f"the dead replica's receipts were not recovered: {in_flight()}"
-                interrupted = [r for r in store.list_receipts(limit=None) if r.error_code == "proxy_interrupted"]
+                interrupted = [r for r in store.receipts.list(limit=None) if r.error_code == "proxy_interrupted"]
         finally:
             sent += agents.stop()
         assert interrupted, "the kill landed on no write in flight"
         with open_store(database) as store:
-            assert wait_for(lambda: not store.list_receipts(states=["planned", "submitted"], limit=None), 10, 0.1)
+            assert wait_for(lambda: not store.receipts.list(states=["planned", "submitted"], limit=None), 10, 0.1)
         check_scenario("two replicas, bursts and a replica killed (postgresql)", database, upstream.received(),
                        len(sent), answered_ids(sent))
 
@@ -113,14 +113,14 @@ def test_a_replica_stalled_past_dead_after_and_later_killed_is_recovered_again(p
         try:
             with open_store(database) as store:
                 def holding(since: datetime | None = None) -> list:
-                    return [r for r in store.list_receipts(states=["submitted"], limit=None)
+                    return [r for r in store.receipts.list(states=["submitted"], limit=None)
                             if r.proxy_instance and f"-{pid}-" in r.proxy_instance and (since is None or r.created_at > since)]
 
                 def recovered(ops: list[str]) -> bool:
                     """Each went submitted -> outcome_unknown as proxy_interrupted (the worker may have settled it since)."""
                     step = ("submitted", "outcome_unknown", "proxy_interrupted")
                     return all(
-                        any((t.from_state, t.to_state, t.detail.get("error")) == step for t in store.history(op)) for op in ops
+                        any((t.from_state, t.to_state, t.detail.get("error")) == step for t in store.receipts.history(op)) for op in ops
                     )
 
                 assert wait_for(holding, 10, 0.02), "proxy-1 never held a write"
@@ -136,12 +136,12 @@ def test_a_replica_stalled_past_dead_after_and_later_killed_is_recovered_again(p
                 assert held, "proxy-1 did not take a write again after waking up"
                 assert wait_for(lambda: not holding() and recovered([r.operation_id for r in held]), 30, 0.2), (
                     f"the killed replica's receipts not recovered 30 s later: {[r.operation_id for r in holding()]}, "
-                    f"{[(op, store.get(op).state) for op in (r.operation_id for r in held)]}; "
+                    f"{[(op, store.receipts.get(op).state) for op in (r.operation_id for r in held)]}; "
                     f"its instance row: {instance_row(database, pid)}"
                 )
         finally:
             sent += agents.stop()
         with open_store(database) as store:
-            assert wait_for(lambda: not store.list_receipts(states=["planned", "submitted"], limit=None), 10, 0.1)
+            assert wait_for(lambda: not store.receipts.list(states=["planned", "submitted"], limit=None), 10, 0.1)
         check_scenario("replica frozen past dead_after, then killed (postgresql)", database, upstream.received(),
                        len(sent), answered_ids(sent))

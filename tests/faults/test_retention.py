@@ -14,12 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, func, select, update
-from store_helpers import intent, walk
+from store_helpers import intent, recorded, walk
 
 from proxy_addon.cli import main
 from proxy_addon.config import parse_duration
+from proxy_addon.records import utcnow
 from proxy_addon.states import OPEN_STATES, TERMINAL_STATES, State
-from proxy_addon.store import ReceiptStore, receipts, refusals, transitions, utcnow
+from proxy_addon.store import ReceiptStore
+from proxy_addon.store.receipts import receipts, transitions
+from proxy_addon.store.refusals import refusals
 
 HOUR = timedelta(hours=1)
 
@@ -33,7 +36,7 @@ class Made:
 
 def make(store: ReceiptStore, state: State, completed_age: timedelta | None, created_age: timedelta, now: datetime) -> Made:
     """A receipt in `state`, created `created_age` ago, completed `completed_age` ago (None: no completed_at)."""
-    op = store.record_intent(intent()).operation_id
+    op = recorded(store, intent()).operation_id
     walk(store, op, state)
     completed = None if completed_age is None else now - completed_age
     created = now - created_age
@@ -98,10 +101,10 @@ def every_state_and_age(store: ReceiptStore, now: datetime) -> list[Made]:
 def test_prune_deletes_exactly_the_old_terminal_receipts(store):
     made = every_state_and_age(store, utcnow())
     victim = next(m for m in made if m.state == State.SUCCEEDED and m.completed_at and m.completed_at < utcnow() - timedelta(days=30))
-    refusal = store.record_refusal("duplicate_succeeded_refuse", victim.operation_id, account="acct:alice",
-                                   intent_fingerprint="sha256:" + "0" * 64, method="POST", host="api.example.com", path="/x")
+    refusal = store.refusals.record("duplicate_succeeded_refuse", victim.operation_id,
+                                    intent(fingerprint="sha256:" + "0" * 64, path="/x"))
 
-    counts = [check_prune(store, made, d, store.prune) for d in
+    counts = [check_prune(store, made, d, store.retention.prune) for d in
               (timedelta(days=30), timedelta(days=30), timedelta(days=7), timedelta(days=1), HOUR, timedelta(0))]
 
     terminal = len(TERMINAL_STATES)
@@ -178,5 +181,5 @@ def test_prune_matches_the_oracle_for_any_mix(store, specs, prunes, half):
         for state, done, made_h in specs
     ]
     for h in prunes:
-        check_prune(store, made, timedelta(hours=h, minutes=10), store.prune)
+        check_prune(store, made, timedelta(hours=h, minutes=10), store.retention.prune)
     assert {m.operation_id for m in made if m.state in OPEN_STATES} <= remaining(store)

@@ -14,12 +14,12 @@ import sys
 from datetime import datetime, timedelta
 
 import pytest
+from support.e2e import migrate, open_store, stop_process, wait_for
+from support.proxy import start_proxy_process
 
 from faults.fault_harness import Intent, fault_config, proxy_client, send
 from faults.invariants import check_scenario, read_journal
 from faults.recording_upstream import RESET
-from support.e2e import migrate, open_store, stop_process, wait_for
-from support.proxy import start_proxy_process
 
 RECEIPTS = 6
 LEASE = 3.0
@@ -61,11 +61,11 @@ def test_worker_killed_mid_lease_each_receipt_is_reconciled_once_by_another(data
     try:
         with open_store(database) as store:
             def leased_by_first() -> bool:
-                rs = [store.get(op) for op in ops]
+                rs = [store.receipts.get(op) for op in ops]
                 return all(r.state == "reconciling" and r.lease_owner and f"-{first.pid}-" in r.lease_owner for r in rs)
 
             assert wait_for(lambda: leased_by_first() and upstream.read_count() >= RECEIPTS, 20, 0.05), (
-                f"the first worker did not lease and read them all: {[store.get(op).state for op in ops]}, "
+                f"the first worker did not lease and read them all: {[store.receipts.get(op).state for op in ops]}, "
                 f"{upstream.read_count()} reads"
             )
         first.send_signal(signal.SIGKILL)
@@ -74,8 +74,8 @@ def test_worker_killed_mid_lease_each_receipt_is_reconciled_once_by_another(data
         upstream.read_delay = 0.0
         second = start_worker(config, database, tmp_path / "worker-2.log")
         with open_store(database) as store:
-            done = wait_for(lambda: all(store.get(op).state in VERDICTS for op in ops), LEASE + 20, 0.1)
-            assert done, f"not settled after the lease expired: {[store.get(op).state for op in ops]}"
+            done = wait_for(lambda: all(store.receipts.get(op).state in VERDICTS for op in ops), LEASE + 20, 0.1)
+            assert done, f"not settled after the lease expired: {[store.receipts.get(op).state for op in ops]}"
     finally:
         stop_process(first)
         if second is not None:

@@ -18,7 +18,8 @@ import psycopg
 from alembic import command
 
 from proxy_addon.db import alembic_config, make_engine
-from proxy_addon.store import ReceiptRecord, ReceiptStore
+from proxy_addon.records import ReceiptRecord
+from proxy_addon.store import ReceiptStore
 from support.pg import fresh_database, libpq_url
 from support.upstream import Received, Upstream, _Handler
 
@@ -63,7 +64,7 @@ def open_store(url: str) -> Iterator[ReceiptStore]:
 
 
 def receipts_for(store: ReceiptStore, path: str) -> list[ReceiptRecord]:
-    return [r for r in store.list_receipts(limit=None) if r.path == path]
+    return [r for r in store.receipts.list(limit=None) if r.path == path]
 
 
 def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.1) -> object:

@@ -14,7 +14,7 @@ from pathlib import Path
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
-from proxy_addon.addon import Receipts
+from proxy_addon.addon import Receipts, make_addons
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,8 +45,8 @@ def start_inprocess_proxy(config_path: Path, database_url: str, confdir: Path, *
         async def main() -> None:
             opts = options.Options(listen_host="127.0.0.1", listen_port=0, confdir=str(confdir))
             master = DumpMaster(opts, with_termlog=False, with_dumper=False)
-            addon = Receipts()
-            master.addons.add(addon)
+            addon, *beside = make_addons()
+            master.addons.add(addon, *beside)
             opts.update(
                 receipts_config=str(config_path),
                 receipts_database_url=database_url,

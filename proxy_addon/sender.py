@@ -96,7 +96,7 @@ def classify_exception(exc: BaseException, may_be_written: bool) -> SendEnd:
 
 
 class _Connection:
-    __slots__ = ("reader", "writer", "h11", "idle_since")
+    __slots__ = ("h11", "idle_since", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
@@ -106,7 +106,8 @@ class _Connection:
     def reusable(self, now: float) -> bool:
         if now - self.idle_since > KEEPALIVE_EXPIRY or self.writer.is_closing():
             return False
-        if self.reader.at_eof() or self.reader.exception() is not None or len(self.reader._buffer):  # noqa: SLF001
+        # StreamReader shows no public count of bytes already buffered: an idle connection has none
+        if self.reader.at_eof() or self.reader.exception() is not None or len(self.reader._buffer):  # type: ignore[attr-defined]
             return False
         sock = self.writer.get_extra_info("socket")
         try:
@@ -130,14 +131,13 @@ class _Connection:
             if event is h11.NEED_DATA:
                 h.receive_data(await self.reader.read(READ_CHUNK))  # b"" at EOF: h11 says if that is an error
                 continue
-            kind = type(event)
-            if kind is h11.Response:
+            if isinstance(event, h11.Response):
                 response = event
-            elif kind is h11.Data:
+            elif isinstance(event, h11.Data):
                 chunks.append(event.data)
-            elif kind is h11.EndOfMessage:
+            elif isinstance(event, h11.EndOfMessage):
                 break
-            elif kind is h11.ConnectionClosed:
+            elif isinstance(event, h11.ConnectionClosed):
                 raise h11.RemoteProtocolError("the upstream closed the connection before answering")
             # InformationalResponse (1xx): keep reading
         assert response is not None

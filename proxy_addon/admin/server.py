@@ -1,0 +1,91 @@
+"""Serving the admin app: a werkzeug server in a background thread, on its own (`receipts admin`) or in the
+proxy (`admin.enabled`, the InProxyAdmin addon)."""
+
+import asyncio
+import threading
+from typing import Any
+
+from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
+
+from proxy_addon.admin.app import create_app
+from proxy_addon.config import AdminSettings, ReceiptsConfig
+from proxy_addon.handler import JournalState
+from proxy_addon.log import get_logger
+from proxy_addon.store import ReceiptStore
+
+log = get_logger("receipts.admin")
+
+
+class _RequestHandler(WSGIRequestHandler):
+    """Werkzeug's handler, logging through structlog instead of printing every request."""
+
+    def log(self, type: str, message: str, *args: Any) -> None:
+        if type == "error":
+            log.warning("admin_http_error", message=message % args if args else message)
+
+
+class AdminServer:
+    """The admin app on a werkzeug server in a background thread."""
+
+    def __init__(self, config: ReceiptsConfig, store: ReceiptStore, settings: AdminSettings | None = None):
+        self.settings = settings or config.admin
+        self.app = create_app(config, store, self.settings)
+        self._server: BaseWSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "AdminServer":
+        self._server = make_server(
+            self.settings.listen_host, self.settings.listen_port, self.app, threaded=True, request_handler=_RequestHandler
+        )
+        server = self._server
+        self._thread = threading.Thread(
+            target=lambda: server.serve_forever(poll_interval=0.1), name="receipts-admin", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "not started"
+        return self._server.server_port
+
+    @property
+    def url(self) -> str:
+        host = self.settings.listen_host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+
+
+class InProxyAdmin:
+    """Addon: the admin server inside the proxy, when `admin.enabled` is true. A port that cannot be had is
+    logged and the proxy goes on without its admin server."""
+
+    def __init__(self, journal: JournalState):
+        self.journal = journal
+        self.server: AdminServer | None = None
+
+    async def running(self) -> None:
+        j = self.journal
+        if j.config is None or j.store is None or not j.config.admin.enabled:
+            return
+        server = AdminServer(j.config, j.store)
+        try:
+            await asyncio.to_thread(server.start)
+        except OSError as e:
+            log.error("admin_not_started", listen=f"{server.settings.listen_host}:{server.settings.listen_port}", error=str(e))
+            return
+        self.server = server
+        log.info("admin_started", url=server.url, token_required=server.settings.token is not None)
+
+    async def done(self) -> None:
+        if self.server is not None:
+            await asyncio.to_thread(self.server.stop)
+            self.server = None

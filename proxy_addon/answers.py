@@ -1,0 +1,131 @@
+"""The answers the handler gives an agent: the upstream's own, a replay, or an RFC 9457 problem+json of ours.
+
+An `Answer` is plain data (no mitmproxy): the addon turns it into the flow's response.
+"""
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy_addon.sender import UpstreamAnswer
+
+PROBLEM_BASE = "urn:agent-receipts:problem:"
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+RECEIPT_ID_HEADER = "X-Receipt-Id"
+RECEIPT_STATE_HEADER = "X-Receipt-State"
+REPLAYED_HEADER = "X-Receipt-Replayed"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A response: its status, headers exactly as they go out (Content-Length included), body, reason phrase
+    (None: the standard one)."""
+
+    status: int
+    headers: tuple[tuple[bytes, bytes], ...]
+    body: bytes
+    reason: str | None = None
+
+    def with_headers(self, values: dict[str, str]) -> "Answer":
+        """These headers set, replacing any of the same name."""
+        given = {k.encode(): v.encode("latin-1", "replace") for k, v in values.items()}
+        lowered = {k.lower() for k in given}
+        kept = tuple((k, v) for k, v in self.headers if k.lower() not in lowered)
+        return replace(self, headers=kept + tuple(given.items()))
+
+    def header(self, name: str) -> str | None:
+        wanted = name.lower().encode()
+        return next((v.decode("latin-1") for k, v in self.headers if k.lower() == wanted), None)
+
+
+def answer(status: int, body: bytes, headers: dict[str, str] | None = None, reason: str | None = None) -> Answer:
+    fields = [(k.lower().encode(), str(v).encode("latin-1", "replace")) for k, v in (headers or {}).items()]
+    fields = [(k, v) for k, v in fields if k != b"content-length"]
+    return Answer(status, (*fields, (b"content-length", str(len(body)).encode())), body, reason)
+
+
+def from_upstream(a: UpstreamAnswer) -> Answer:
+    """The upstream's answer as it came (hop-by-hop headers already dropped by the sender)."""
+    headers = tuple((k, v) for k, v in a.headers if k.lower() != b"content-length")
+    return Answer(a.status_code, (*headers, (b"content-length", str(len(a.content)).encode())), a.content, a.reason)
+
+
+def with_receipt(a: Answer, operation_id: str, state: str) -> Answer:
+    """The receipt headers every journaled request's answer carries."""
+    return a.with_headers({RECEIPT_ID_HEADER: operation_id, RECEIPT_STATE_HEADER: state})
+
+
+# -- problem+json ---------------------------------------------------------------------------------------------
+
+
+def problem(status: int, kind: str, title: str, detail: str, **extra: Any) -> Answer:
+    document = {"type": PROBLEM_BASE + kind, "title": title, "status": status, "detail": detail}
+    document.update({k: v for k, v in extra.items() if v is not None})
+    return answer(status, json.dumps(document).encode(), {"Content-Type": PROBLEM_CONTENT_TYPE, "Cache-Control": "no-store"})
+
+
+def outcome_unknown(operation_id: str, reason: str, upstream_status: int | None = None) -> Answer:
+    return problem(
+        504,
+        "outcome-unknown",
+        "Outcome unknown",
+        f"{reason}. The upstream may have acted on this request; retrying it is blocked until the receipt "
+        "is reconciled (receipts reconcile) or resolved by a person.",
+        operation_id=operation_id,
+        state="outcome_unknown",
+        upstream_status=upstream_status,
+    )
+
+
+def not_sent(operation_id: str, reason: str) -> Answer:
+    return problem(
+        502,
+        "not-sent",
+        "Upstream not reached",
+        f"{reason}. Nothing reached the upstream, so retrying is allowed.",
+        operation_id=operation_id,
+        state="rejected",
+    )
+
+
+def duplicate_open(operation_id: str, state: str) -> Answer:
+    return problem(
+        409,
+        "duplicate-open",
+        "Duplicate of an open receipt",
+        f"The same request is already recorded as {operation_id}, which is {state}; it was not forwarded again. "
+        "Wait for the receipt to be reconciled before acting again.",
+        operation_id=operation_id,
+        state=state,
+    )
+
+
+def duplicate_succeeded(operation_id: str) -> Answer:
+    return problem(
+        409,
+        "duplicate-succeeded",
+        "Duplicate of a recent success",
+        f"The same request already succeeded as {operation_id}; it was not forwarded again.",
+        operation_id=operation_id,
+        state="succeeded",
+    )
+
+
+def idempotency_key_mismatch(operation_id: str, state: str, key: str) -> Answer:
+    return problem(
+        422,
+        "idempotency-key-mismatch",
+        "Idempotency-Key reused for a different request",
+        f"Idempotency-Key {key!r} belongs to {operation_id}, whose request differs from this one; nothing was forwarded.",
+        operation_id=operation_id,
+        state=state,
+    )
+
+
+def journal_unavailable(reason: str) -> Answer:
+    return problem(
+        503,
+        "journal-unavailable",
+        "Receipt journal unavailable",
+        f"The receipt could not be written ({reason}); the request was not forwarded. Retrying later is safe.",
+    )

@@ -1,0 +1,112 @@
+"""What people and tools see of a receipt: its public shape, defined once, and the JSON documents made from it.
+
+`ReceiptView` is the one definition: its fields are the keys of `receipts ls --json` and of the admin API's
+receipts, the OpenAPI schema `Receipt` is generated from it (openapi.py), and the CLI's tables take their
+columns from it.
+"""
+
+import json
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxy_addon.records import ReceiptRecord, TransitionRecord
+from proxy_addon.states import OPEN_STATES, State
+
+_TIME = "UTC, RFC 3339; see README, Which time is which"
+
+
+class ReceiptView(BaseModel):
+    """A receipt as the CLI and the admin API show it: the request's identity and its outcome, never a secret."""
+
+    model_config = ConfigDict(from_attributes=True, frozen=True)
+
+    operation_id: str = Field(description="the receipt's id, `op_` and 32 hex digits")
+    operation: str = Field(description="the rule's name, or `METHOD host path-template`")
+    method: str
+    scheme: str
+    host: str
+    port: int
+    path: str
+    query: str | None = Field(description="the query, secret parameters redacted")
+    intent_fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]+$")
+    account: str = Field(description="a keyed hash of the credentials, never the credentials")
+    idempotency_key: str | None
+    state: State
+    created_at: datetime = Field(description=_TIME)
+    updated_at: datetime = Field(description=_TIME)
+    submitted_at: datetime | None = Field(description=_TIME)
+    completed_at: datetime | None = Field(description=_TIME)
+    status_code: int | None = Field(description="the upstream's status")
+    external_id: str | None = Field(description="the upstream's id of what the write created")
+    error_code: str | None
+    error_message: str | None
+    authentication_recorded: Literal[False]
+    proxy_instance: str | None
+    request_body_size: int
+    body_note: str | None
+    reconcile_attempts: int
+    next_attempt_at: datetime | None = Field(description=_TIME)
+
+
+PUBLIC_COLUMNS: tuple[str, ...] = tuple(ReceiptView.model_fields)
+# `receipts ls`: heading -> field of ReceiptView (age is shown from created_at)
+LIST_COLUMNS: dict[str, str] = {
+    "operation_id": "operation_id",
+    "state": "state",
+    "operation": "operation",
+    "host": "host",
+    "status": "status_code",
+    "age": "created_at",
+    "error": "error_code",
+    "external_id": "external_id",
+}
+assert set(LIST_COLUMNS.values()) <= set(PUBLIC_COLUMNS), "receipts ls shows fields of ReceiptView only"
+
+# names for several states at once, in `receipts ls --state`, the API's `?state=` and the review page
+STATE_GROUPS: dict[str, tuple[State, ...]] = {
+    "open": tuple(sorted(OPEN_STATES)),
+    "unknown": (State.OUTCOME_UNKNOWN, State.RECONCILING, State.MANUAL_REVIEW),  # nobody knows the outcome yet
+}
+
+
+def expand_states(names: list[str]) -> list[str]:
+    """State names and group names (`open`, `unknown`) -> state values; ValueError names an unknown one."""
+    states: list[str] = []
+    for name in names:
+        if name in STATE_GROUPS:
+            states.extend(s.value for s in STATE_GROUPS[name])
+            continue
+        try:
+            states.append(State(name).value)
+        except ValueError:
+            raise ValueError(
+                f"unknown state {name!r} (one of {', '.join(s.value for s in State)}, or open, unknown)"
+            ) from None
+    return states
+
+
+def receipt_document(r: ReceiptRecord) -> dict[str, Any]:
+    return {c: getattr(r, c) for c in PUBLIC_COLUMNS}
+
+
+def transition_document(t: TransitionRecord) -> dict[str, Any]:
+    return {"from_state": t.from_state, "to_state": t.to_state, "recorded_at": t.recorded_at, "detail": t.detail}
+
+
+def show_document(r: ReceiptRecord, history: list[TransitionRecord]) -> dict[str, Any]:
+    """`receipts show --json`: the receipt with its whole history."""
+    return {**receipt_document(r), "transitions": [transition_document(t) for t in history]}
+
+
+def json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def dumps(document: Any, indent: int | None = 2) -> str:
+    return json.dumps(document, indent=indent, default=json_default)

@@ -1,0 +1,88 @@
+"""From a request to an intent: what the proxy read off the request, and the Intent it journals for it.
+
+Pure: no network, no database. The fingerprint and the redaction rules are fingerprint.py's; the account is
+account.py's; this module puts them together for one request.
+"""
+
+import re
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, urlencode
+
+from proxy_addon.account import AccountHasher
+from proxy_addon.config import HostPolicy, OperationRule
+from proxy_addon.fingerprint import analyse_body, intent_fingerprint, redact_headers, redact_query
+from proxy_addon.records import Intent
+
+_ID_SEGMENT = re.compile(r"^(\d+|[0-9a-fA-F-]{16,}|[A-Za-z0-9_-]{24,})$")
+# Credentials that name an account; session cookies rotate too often to identify one.
+_NOT_ACCOUNT_HEADERS = frozenset({"cookie", "set-cookie", "proxy-authorization"})
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """What the addon read off a request: decoded for identity (`headers`, `body`), raw for sending it on."""
+
+    method: str
+    scheme: str
+    host: str
+    port: int
+    path: str  # without the query
+    query: list[tuple[str, str]]
+    headers: list[tuple[str, str]]
+    content_type: str | None
+    body: bytes  # decoded (Content-Encoding undone)
+    url: str = ""
+    raw_headers: tuple[tuple[bytes, bytes], ...] = ()
+    raw_body: bytes = b""  # as the client sent it
+
+
+def split_query(raw_path: str) -> tuple[str, list[tuple[str, str]]]:
+    path, _, query = raw_path.partition("?")
+    return path or "/", parse_qsl(query, keep_blank_values=True)
+
+
+def operation_name(facts: RequestFacts, rule: OperationRule | None) -> str:
+    """The rule's name, else `METHOD host path-template` with id-like segments shown as `{id}`."""
+    if rule is not None:
+        return rule.name
+    segments = ["{id}" if _ID_SEGMENT.match(s) else s for s in facts.path.split("/")]
+    return f"{facts.method} {facts.host} {'/'.join(segments)}"
+
+
+def build_intent(
+    facts: RequestFacts,
+    policy: HostPolicy,
+    hasher: AccountHasher,
+    instance_id: str,
+    max_stored_body: int,
+    idempotency_key: str | None,
+    operation_id: str,
+) -> tuple[Intent, OperationRule | None]:
+    """The intent to journal for this request (fingerprint, account, redacted copy) and the rule it matched."""
+    matched = policy.match_operation(facts.method, facts.path)
+    rule = matched[0] if matched else None
+    body = analyse_body(facts.content_type, facts.body, policy.redact_fields, rule.fingerprint if rule else None)
+    query = redact_query(facts.query, policy.redact_fields)
+    fingerprint = intent_fingerprint(facts.method, facts.host, facts.port, facts.path, query, body)
+    account = hasher.account_of(facts.headers, policy.redact_headers - _NOT_ACCOUNT_HEADERS)
+    stored = body.stored
+    intent = Intent(
+        operation_id=operation_id,
+        operation=operation_name(facts, rule),
+        method=facts.method,
+        scheme=facts.scheme,
+        host=facts.host.lower(),
+        port=facts.port,
+        path=facts.path,
+        query=urlencode(query) or None,
+        intent_fingerprint=fingerprint,
+        account=account,
+        idempotency_key=idempotency_key,
+        request_headers=redact_headers(facts.headers, policy.redact_headers),
+        request_body=stored[:max_stored_body] if stored else None,
+        request_body_size=len(facts.body),
+        request_body_truncated=len(stored) > max_stored_body,
+        body_note=body.note,
+        proxy_instance=instance_id,
+    )
+    return intent, rule

@@ -1,0 +1,96 @@
+"""Filling a reconcile rule's read from the receipt: URL placeholders, `${VAR}` headers, match fields."""
+
+import json
+import os
+import re
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from proxy_addon.config import ReconcileRule
+from proxy_addon.exceptions import ReadNotPossible, UnreadableRule
+from proxy_addon.fingerprint import REDACTED, canonical_json
+from proxy_addon.records import ReceiptRecord
+
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_PLACEHOLDER_RE = re.compile(r"\{([a-z_]+(?:\.[A-Za-z0-9_.\-]+)?)\}")
+
+
+def netloc_of(receipt: ReceiptRecord) -> str:
+    host = f"[{receipt.host}]" if ":" in receipt.host else receipt.host
+    default = {"http": 80, "https": 443}.get(receipt.scheme)
+    return host if receipt.port == default else f"{host}:{receipt.port}"
+
+
+def request_document(receipt: ReceiptRecord) -> Any:
+    if not receipt.request_body:
+        return None
+    try:
+        return json.loads(receipt.request_body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def fill_template(template: str, receipt: ReceiptRecord, path_params: dict[str, str]) -> str:
+    document = request_document(receipt)
+
+    def value_of(name: str) -> str:
+        if name.startswith("path."):
+            value: Any = path_params.get(name[5:])
+        elif name.startswith("body."):
+            value = document
+            for part in name[5:].split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+        else:
+            value = {
+                "scheme": receipt.scheme,
+                "host": receipt.host,
+                "port": str(receipt.port),
+                "netloc": netloc_of(receipt),
+                "external_id": receipt.external_id,
+                "idempotency_key": receipt.idempotency_key,
+                "operation_id": receipt.operation_id,
+                "submitted_at": (receipt.submitted_at or receipt.created_at).isoformat().replace("+00:00", "Z"),
+            }.get(name)
+        if value is None or value == REDACTED or isinstance(value, dict | list):
+            raise UnreadableRule(f"the rule's url needs {{{name}}}, which this receipt does not have")
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        return text if name in ("scheme", "host", "port", "netloc") else quote(text, safe="")
+
+    return _PLACEHOLDER_RE.sub(lambda m: value_of(m.group(1)), template)
+
+
+def expand_env(headers: dict[str, str]) -> dict[str, str]:
+    """`${VAR}` from the environment, at read time only: credentials are never stored."""
+
+    def sub(m: re.Match[str]) -> str:
+        value = os.environ.get(m.group(1))
+        if value is None:
+            raise ReadNotPossible(f"environment variable {m.group(1)} is not set")
+        return value
+
+    return {k: _ENV_RE.sub(sub, v) for k, v in headers.items()}
+
+
+def candidate_matches(candidate: Any, original: Any, rule: ReconcileRule) -> bool:
+    for cand_path, orig_path in rule.match_paths:
+        want = orig_path.find(original)
+        if not want or want[0] == REDACTED:
+            raise UnreadableRule(f"match needs {orig_path.text} of the original request, which was not journaled")
+        got = cand_path.find(candidate)
+        if not got or canonical_json(got[0]) != canonical_json(want[0]):
+            return False
+    return True
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A candidate's time field: epoch seconds or RFC 3339 (a naive one is UTC)."""
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None

@@ -1,0 +1,230 @@
+"""The reads that settle an unknown outcome: one class per strategy, chosen once by the rule's `strategy`.
+
+Each reads the upstream (never through the proxy) and says what it found (decide.ReadOutcome); only
+`resend_with_key` writes, and only the journaled request again, under the idempotency key the upstream honours.
+"""
+
+import time
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urljoin, urlsplit
+
+import httpx
+
+from proxy_addon.config import HostPolicy, OperationRule, ReconcileRule, compile_jsonpath
+from proxy_addon.exceptions import UnreadableRule
+from proxy_addon.fingerprint import REDACTED, canonical_json
+from proxy_addon.reconcile.decide import Found, ReadOutcome
+from proxy_addon.reconcile.rules import (
+    candidate_matches,
+    expand_env,
+    fill_template,
+    netloc_of,
+    parse_time,
+    request_document,
+)
+from proxy_addon.records import ReceiptRecord
+from proxy_addon.sender import HOP_BY_HOP
+
+
+class RateLimiter(Protocol):
+    async def wait(self, host: str) -> None: ...
+
+
+class Reader:
+    """The HTTP client the strategies share for one pass, with the per-host rate limit."""
+
+    def __init__(self, client: httpx.AsyncClient, limiter: RateLimiter):
+        self.client = client
+        self.limiter = limiter
+
+    async def request(self, host: str, method: str, url: str, what: str, **kwargs: Any) -> tuple[httpx.Response | None, dict[str, Any]]:
+        """One request; the evidence records it under `what` (its status, or the error, and how long it took)."""
+        await self.limiter.wait(host)
+        started = time.monotonic()
+        evidence: dict[str, Any] = {what: {"method": method, "url": url}}
+        try:
+            response = await self.client.request(method, url, **kwargs)
+        except Exception as e:  # noqa: BLE001 - httpx.HTTPError, and InvalidURL or anyio's groups, which are not HTTPErrors
+            evidence[what].update(error=f"{type(e).__name__}: {e}"[:300], elapsed_ms=_ms(started))
+            return None, evidence
+        evidence[what].update(status=response.status_code, elapsed_ms=_ms(started))
+        return response, evidence
+
+
+class Strategy(Protocol):
+    async def read(
+        self, receipt: ReceiptRecord, op: OperationRule, rule: ReconcileRule, params: dict[str, str], policy: HostPolicy
+    ) -> ReadOutcome: ...
+
+
+class Lookup:
+    """Read one resource: 2xx (and matching) is present, 404/410 absent; for a DELETE, present means not done."""
+
+    def __init__(self, reader: Reader):
+        self.reader = reader
+
+    async def read(
+        self, receipt: ReceiptRecord, op: OperationRule, rule: ReconcileRule, params: dict[str, str], policy: HostPolicy
+    ) -> ReadOutcome:
+        url, headers = fill_template(rule.url or "", receipt, params), expand_env(rule.headers)
+        response, evidence = await self.reader.request(receipt.host, rule.method, url, "read", headers=headers, timeout=rule.timeout)
+        if response is None:
+            return ReadOutcome(Found.FAILED, evidence)
+        if response.status_code in (404, 410):
+            return ReadOutcome(Found.ABSENT, evidence)
+        if not response.is_success:
+            return ReadOutcome(Found.FAILED, evidence)
+        found_kind = Found.STILL_PRESENT if receipt.method == "DELETE" else Found.PRESENT
+        if rule.method == "HEAD" or (not rule.match and rule.id is None):
+            return ReadOutcome(found_kind, evidence)
+        document = _json(response)
+        if document is None:
+            evidence["reason"] = "lookup answer is not JSON"
+            return ReadOutcome(Found.FAILED, evidence)
+        if rule.match and not candidate_matches(document, request_document(receipt), rule):
+            evidence["reason"] = "the resource found does not match the request"
+            return ReadOutcome(Found.MISMATCH, evidence)
+        found = rule.id.first(document) if rule.id else None
+        if found_kind == Found.STILL_PRESENT:
+            return ReadOutcome(found_kind, {**evidence, "matched_id": found})
+        return ReadOutcome(Found.PRESENT, {**evidence, "matched_id": found}, None if found is None else str(found))
+
+
+class Search:
+    """Read a list, page by page, and compare candidates with the journaled request (README, Configuration)."""
+
+    def __init__(self, reader: Reader):
+        self.reader = reader
+
+    async def read(
+        self, receipt: ReceiptRecord, op: OperationRule, rule: ReconcileRule, params: dict[str, str], policy: HostPolicy
+    ) -> ReadOutcome:
+        original = request_document(receipt)
+        if original is None:
+            raise UnreadableRule("search needs the original request's JSON body, which was not journaled")
+        url, headers = fill_template(rule.url or "", receipt, params), expand_env(rule.headers)
+        matches: dict[str, Any] = {}  # by id: a record seen on two pages (the list shifted) is one candidate
+        reads: list[dict[str, Any]] = []
+        origin = urlsplit(url)[:2]
+        anchor = receipt.submitted_at or receipt.created_at
+        reached_back = False  # with time_field: the list showed a record older than the submission
+        next_url: str | None = url
+        for _page in range(rule.max_pages):
+            if next_url is None:
+                break
+            response, evidence = await self.reader.request(
+                receipt.host, rule.method, next_url, "read", headers=headers, timeout=rule.timeout
+            )
+            reads.append(evidence["read"])
+            if response is None or not response.is_success:
+                return ReadOutcome(Found.FAILED, {"reads": reads})
+            page = _json(response)
+            items = rule.items.first(page) if rule.items else page
+            if not isinstance(items, list):
+                return ReadOutcome(Found.FAILED, {"reads": reads, "reason": "search answer holds no list of items"})
+            for c in items:
+                created = parse_time(rule.time_field.first(c)) if rule.time_field else None
+                reached_back = reached_back or (created is not None and created < anchor)
+                if _in_window(c, receipt, rule) and candidate_matches(c, original, rule):
+                    found = rule.id.first(c) if rule.id else None
+                    matches.setdefault(canonical_json(c) if found is None else str(found), c)
+            found_next = rule.next_page.first(page) if rule.next_page else None
+            next_url = urljoin(next_url, str(found_next)) if found_next else None
+            if next_url is not None and urlsplit(next_url)[:2] != origin:
+                # the read's credentials go only where the rule's url points
+                return ReadOutcome(Found.FAILED, {"reads": reads, "reason": f"next page {next_url} leaves {origin[1]}"})
+        else:
+            if next_url is not None:
+                return ReadOutcome(Found.FAILED, {"reads": reads, "reason": f"more than {rule.max_pages} pages"})
+        ids = [rule.id.first(c) if rule.id else None for c in matches.values()]
+        evidence = {"reads": reads, "candidates": [str(i) for i in ids], "matched": len(matches)}
+        if matches and receipt.method == "DELETE":
+            return ReadOutcome(Found.STILL_PRESENT, evidence)
+        if len(matches) == 1:
+            return ReadOutcome(Found.PRESENT, {**evidence, "matched_id": ids[0]}, None if ids[0] is None else str(ids[0]))
+        if len(matches) > 1:
+            return ReadOutcome(Found.AMBIGUOUS, {**evidence, "reason": f"{len(matches)} records match; a person must pick"})
+        list_ended = rule.next_page is not None  # the loop above only gets here once no next page is left
+        if rule.time_field is not None and not reached_back and not list_ended:
+            # newer records may have pushed ours off the pages read: that is no proof of absence
+            reason = f"the pages read do not reach back to {anchor.isoformat()}; absence not proven (set next_page)"
+            return ReadOutcome(Found.FAILED, {**evidence, "reason": reason})
+        return ReadOutcome(Found.ABSENT, evidence)
+
+
+def _in_window(candidate: Any, receipt: ReceiptRecord, rule: ReconcileRule) -> bool:
+    if rule.time_field is None:
+        return True
+    created = parse_time(rule.time_field.first(candidate))
+    if created is None:
+        return True  # a candidate without a time is not ruled out
+    anchor = receipt.submitted_at or receipt.created_at
+    return abs((created - anchor).total_seconds()) <= rule.window
+
+
+class ResendWithKey:
+    """The one allowed write: the journaled request again, with the idempotency key the upstream honours."""
+
+    def __init__(self, reader: Reader):
+        self.reader = reader
+
+    async def read(
+        self, receipt: ReceiptRecord, op: OperationRule, rule: ReconcileRule, params: dict[str, str], policy: HostPolicy
+    ) -> ReadOutcome:
+        if not policy.inject_idempotency_key or not receipt.idempotency_key:
+            raise UnreadableRule("resend_with_key needs a host with inject_idempotency_key and a journaled key")
+        body = receipt.request_body or b""
+        query_values = [v for _k, v in parse_qsl(receipt.query or "", keep_blank_values=True)]
+        if receipt.request_body_truncated or REDACTED.encode() in body or REDACTED in query_values:
+            raise UnreadableRule("the journaled request is truncated or redacted, so it cannot be re-sent exactly")
+        if receipt.body_note and "multipart" in receipt.body_note:
+            raise UnreadableRule("multipart bodies are journaled as digests and cannot be re-sent")
+        key_header = policy.idempotency_key_header.lower()
+        headers = {
+            k: v
+            for k, v in (receipt.request_headers or {}).items()
+            if v != REDACTED and k.lower() not in HOP_BY_HOP and k.lower() not in ("host", "content-encoding", key_header)
+        }
+        headers.update(expand_env(rule.headers))
+        headers[policy.idempotency_key_header] = receipt.idempotency_key
+        url = f"{receipt.scheme}://{netloc_of(receipt)}{receipt.path}" + (f"?{receipt.query}" if receipt.query else "")
+        response, evidence = await self.reader.request(
+            receipt.host, receipt.method, url, "resend", headers=headers, content=body, timeout=rule.timeout
+        )
+        evidence["resend"]["idempotency_key"] = receipt.idempotency_key
+        if response is None:
+            return ReadOutcome(Found.FAILED, evidence)
+        if response.is_success:
+            found = _external_id(response, op)
+            return ReadOutcome(Found.PRESENT, {**evidence, "matched_id": found}, found)
+        if response.status_code in policy.unknown_statuses or response.status_code in (408, 409, 425, 429):
+            return ReadOutcome(Found.FAILED, evidence)
+        evidence["reason"] = f"the upstream refused the re-send with {response.status_code}"
+        return ReadOutcome(Found.REFUSED, evidence)
+
+
+STRATEGIES: dict[str, type[Lookup] | type[Search] | type[ResendWithKey]] = {
+    "lookup": Lookup,
+    "search": Search,
+    "resend_with_key": ResendWithKey,
+}
+
+
+def _external_id(response: httpx.Response, op: OperationRule) -> str | None:
+    if op.external_id is None:
+        return None
+    if op.external_id.lower().startswith("header:"):
+        return response.headers.get(op.external_id.split(":", 1)[1].strip())
+    found = compile_jsonpath(op.external_id).first(_json(response))
+    return None if found is None else str(found)
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)

@@ -1,0 +1,184 @@
+"""The journal's record types: what is written (Intent) and what is read back (ReceiptRecord and the rest).
+
+Plain dataclasses with no database import, so that the pure code (decisions, answers, documents) and the
+tests use them without the storage layer.
+"""
+
+import uuid
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from proxy_addon.states import State
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_operation_id() -> str:
+    return "op_" + uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What the proxy knows about a write before it is sent; secrets already removed."""
+
+    operation: str
+    method: str
+    scheme: str
+    host: str
+    port: int
+    path: str
+    intent_fingerprint: str
+    account: str
+    query: str | None = None
+    idempotency_key: str | None = None
+    request_headers: dict[str, str] | None = None
+    request_body: bytes | None = None
+    request_body_size: int = 0
+    request_body_truncated: bool = False
+    body_note: str | None = None
+    proxy_instance: str | None = None
+    operation_id: str = field(default_factory=new_operation_id)
+
+
+INTENT_FIELDS = tuple(f.name for f in fields(Intent))
+
+
+@dataclass(frozen=True)
+class ReceiptRecord:
+    """One row of `receipts`, as stored."""
+
+    operation_id: str
+    operation: str
+    method: str
+    scheme: str
+    host: str
+    port: int
+    path: str
+    query: str | None
+    intent_fingerprint: str
+    account: str
+    idempotency_key: str | None
+    state: str
+    created_at: datetime
+    updated_at: datetime
+    submitted_at: datetime | None
+    completed_at: datetime | None
+    status_code: int | None
+    external_id: str | None
+    error_code: str | None
+    error_message: str | None
+    authentication_recorded: bool
+    proxy_instance: str | None
+    request_headers: dict[str, Any] | None
+    request_body: bytes | None
+    request_body_size: int
+    request_body_truncated: bool
+    body_note: str | None
+    response_headers: dict[str, Any] | None
+    response_body: bytes | None
+    response_body_truncated: bool
+    reconcile_attempts: int
+    next_attempt_at: datetime | None
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> "ReceiptRecord":
+        m = row._mapping
+        return cls(**{name: m[name] for name in RECEIPT_FIELDS})
+
+
+RECEIPT_FIELDS = tuple(f.name for f in fields(ReceiptRecord))
+
+
+@dataclass(frozen=True)
+class TransitionRecord:
+    """One row of the append-only history `receipt_transitions`."""
+
+    id: int
+    operation_id: str
+    from_state: str | None
+    to_state: str
+    recorded_at: datetime
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RefusalRecord:
+    """A request answered from an earlier receipt instead of being forwarded (`duplicate_refusals`)."""
+
+    id: int
+    refused_at: datetime
+    reason: str
+    blocking_operation_id: str
+    account: str
+    intent_fingerprint: str
+    method: str
+    host: str
+    path: str
+    proxy_instance: str | None
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """A receipt that recovery or the orphan sweep settled on behalf of an instance."""
+
+    operation_id: str
+    instance_id: str
+    from_state: str
+    to_state: str
+
+
+class BlockKind(StrEnum):
+    """Why an earlier receipt stands in the way of a new one for the same intent."""
+
+    OPEN = "open"  # a receipt of the same intent is open: its outcome is not known yet
+    SUCCEEDED = "succeeded"  # the same intent succeeded within the host's after_success window
+    KEY_MISMATCH = "key_mismatch"  # the agent's Idempotency-Key was used for another request
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """The earlier receipt that decides what a new request for the same intent gets (duplicates.py)."""
+
+    kind: BlockKind
+    receipt: ReceiptRecord
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A receipt's next state, the columns that change with it, and what its history row says: what the proxy
+    concludes from an upstream's answer (verdicts.py) and the reconciler from a read (reconcile/decide.py)."""
+
+    state: State
+    updates: dict[str, Any] = field(default_factory=dict)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def status_code(self) -> int | None:
+        return self.updates.get("status_code")
+
+    @property
+    def error_code(self) -> str | None:
+        return self.updates.get("error_code")
+
+    @property
+    def error_message(self) -> str | None:
+        return self.updates.get("error_message")
+
+    @property
+    def external_id(self) -> str | None:
+        return self.updates.get("external_id")
+
+
+@dataclass(frozen=True)
+class JournalStats:
+    """What the journal holds as a whole (`receipts stats`, the metrics' gauges)."""
+
+    by_state: dict[str, int]  # every state, 0 included
+    by_host: dict[str, dict[str, int]]  # host -> state -> count, the states it has
+    oldest_open_age_seconds: float | None

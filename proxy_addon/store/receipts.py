@@ -1,0 +1,304 @@
+"""Receipts: the one write path, and the reads of receipts and their history.
+
+The write a newcomer looks for, top to bottom in this file:
+1. `record_and_submit` is what the proxy calls before it sends a write (one connection checkout, prepared
+   statements, nothing read back).
+2. `_record` decides and records in one transaction: `_find_blocker` looks for an earlier receipt of the
+   same intent in the way (an open one, a recent success, an Idempotency-Key used for another request);
+   if there is one, DuplicateIntentError carries it to the caller, which answers from it (duplicates.py).
+   Otherwise the receipt is inserted as `planned` with its creation row, and committed. The partial unique
+   index over open receipts is the last word: of two writers that decide at once, the second insert fails
+   there and is refused like any duplicate.
+3. `planned -> submitted` in a second commit: only then may the request go upstream.
+4. `transition` records every later step (the verdict, recovery, the reconciler, a person): a
+   compare-and-set of the state with its history row, in one commit.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Table, and_, bindparam, case, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from proxy_addon import metrics
+from proxy_addon.config import AfterSuccess
+from proxy_addon.exceptions import (
+    DuplicateIntentError,
+    IllegalTransitionError,
+    JournalUnavailableError,
+    ReceiptNotFoundError,
+    StaleStateError,
+    SubmitNotRecordedError,
+)
+from proxy_addon.models import Receipt, ReceiptTransition
+from proxy_addon.records import (
+    INTENT_FIELDS,
+    Blocker,
+    BlockKind,
+    Intent,
+    ReceiptRecord,
+    TransitionRecord,
+    utcnow,
+)
+from proxy_addon.states import OPEN_STATES, TERMINAL_STATES, State, is_allowed
+from proxy_addon.store.database import Database
+
+receipts: Table = Receipt.__table__  # type: ignore[assignment]
+transitions: Table = ReceiptTransition.__table__  # type: ignore[assignment]
+
+# what `transition` may change besides the state (everything else is fixed once the receipt is recorded)
+UPDATABLE = frozenset(
+    {
+        "status_code",
+        "external_id",
+        "error_code",
+        "error_message",
+        "submitted_at",
+        "completed_at",
+        "response_headers",
+        "response_body",
+        "response_body_truncated",
+        "reconcile_attempts",
+        "next_attempt_at",
+        "lease_owner",
+        "lease_expires_at",
+    }
+)
+RECORD_ATTEMPTS = 3  # decide-and-insert rounds lost to a concurrent writer before giving up
+
+# Statements built once: each execution skips statement construction and hits SQLAlchemy's compiled cache.
+_OPEN = [s.value for s in OPEN_STATES]
+_IS_OPEN = receipts.c.state.in_(_OPEN)
+_SAME_INTENT = (receipts.c.account == bindparam("b_account"), receipts.c.intent_fingerprint == bindparam("b_fp"))
+_INSERT_RECEIPT = insert(receipts)
+_INSERT_TRANSITION = insert(transitions)
+_Q_STATE = select(receipts.c.state).where(receipts.c.operation_id == bindparam("b_op"))
+_Q_KEY_MISMATCH = (
+    select(receipts)
+    .where(
+        receipts.c.account == bindparam("b_account"),
+        receipts.c.idempotency_key == bindparam("b_key"),
+        receipts.c.intent_fingerprint != bindparam("b_fp"),
+    )
+    .limit(1)
+)
+_Q_OPEN = select(receipts).where(*_SAME_INTENT, _IS_OPEN).limit(1)
+_Q_OPEN_OR_SUCCEEDED = (  # an open receipt wins over a success; the latest success over older ones
+    select(receipts)
+    .where(
+        *_SAME_INTENT,
+        or_(_IS_OPEN, and_(receipts.c.state == State.SUCCEEDED.value, receipts.c.completed_at >= bindparam("b_since"))),
+    )
+    .order_by(case((_IS_OPEN, 0), else_=1), receipts.c.completed_at.desc())
+    .limit(1)
+)
+_CAS_GUARD = (receipts.c.operation_id == bindparam("b_op"), receipts.c.state == bindparam("b_from"))
+_CAS = update(receipts).where(*_CAS_GUARD)  # SET comes from the execution's parameters
+_CAS_OWNED = update(receipts).where(*_CAS_GUARD, receipts.c.lease_owner == bindparam("b_owner"))
+
+
+class Receipts:
+    def __init__(self, db: Database):
+        self.db = db
+
+    # -- the write path ---------------------------------------------------------------------------------------
+
+    def record_and_submit(self, intent: Intent, after_success: AfterSuccess | None, who: str) -> None:
+        """Decide and commit `planned`, then commit `planned -> submitted`, on one connection checkout.
+
+        Raises DuplicateIntentError (nothing recorded), JournalUnavailableError (nothing recorded), or
+        SubmitNotRecordedError when `planned` was committed but `submitted` could not be: the caller must
+        not send, and closes the planned receipt.
+        """
+        with self.db.storage_errors(), self.db.hot_connection() as conn:
+            self._record(intent, after_success or AfterSuccess(), conn)
+            now = utcnow()
+            step = _Step(intent.operation_id, State.PLANNED, State.SUBMITTED, {"who": who}, None, {"submitted_at": now}, now)
+            try:
+                with self.db.storage_errors():
+                    self.db.write(step.apply, conn)
+            except JournalUnavailableError as e:
+                raise SubmitNotRecordedError(intent.operation_id, str(e)) from e
+            except StaleStateError as e:  # another instance settled it first (it took this one for dead)
+                raise SubmitNotRecordedError(intent.operation_id, f"cannot mark it submitted: {e}") from e
+        metrics.transitioned(State.SUBMITTED)
+
+    def record(self, intent: Intent, after_success: AfterSuccess | None = None) -> None:
+        """Decide and commit a `planned` receipt (the first half of `record_and_submit`)."""
+        with self.db.storage_errors():
+            self._record(intent, after_success or AfterSuccess(), None)
+
+    def _record(self, intent: Intent, after_success: AfterSuccess, conn: Connection | None) -> None:
+        now = utcnow()
+        row = {name: getattr(intent, name) for name in INTENT_FIELDS}
+        row.update(state=State.PLANNED.value, created_at=now, updated_at=now, authentication_recorded=False)
+        creation = {
+            "operation_id": intent.operation_id,
+            "from_state": None,
+            "to_state": State.PLANNED.value,
+            "recorded_at": now,
+            "detail": {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint},
+        }
+
+        def decide_and_insert(c: Connection) -> None:
+            blocker = _find_blocker(c, intent, after_success)
+            if blocker is not None:
+                raise DuplicateIntentError.of(blocker, intent)
+            c.execute(_INSERT_RECEIPT, row)
+            c.execute(_INSERT_TRANSITION, creation)
+
+        for _attempt in range(RECORD_ATTEMPTS):
+            try:
+                self.db.write(decide_and_insert, conn)
+            except IntegrityError:  # another writer's open receipt of this intent won the unique index
+                with self.db.reading() as rc:
+                    open_row = rc.execute(_Q_OPEN, _intent_params(intent)).first()
+                if open_row is not None:
+                    raise DuplicateIntentError.of(Blocker(BlockKind.OPEN, ReceiptRecord.from_row(open_row)), intent) from None
+                continue
+            metrics.transitioned(State.PLANNED)
+            return
+        raise JournalUnavailableError("could not record the intent: the open-intent index kept changing")
+
+    def transition(
+        self,
+        operation_id: str,
+        expected_from: State | str,
+        to: State | str,
+        detail: dict[str, Any] | None = None,
+        owned_by: str | None = None,
+        **updates: Any,
+    ) -> None:
+        """Compare-and-set `expected_from -> to`, with column updates, and its history row, in one commit.
+
+        Raises StaleStateError when the receipt is in another state (someone else moved it first).
+        `owned_by` adds the lease holder to the compare: a worker whose lease expired and was taken over
+        cannot write a verdict over its successor's.
+        """
+        expected_from, to = State(expected_from), State(to)
+        if not is_allowed(expected_from, to):
+            raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
+        unknown = set(updates) - UPDATABLE
+        if unknown:
+            raise ValueError(f"transition cannot set {', '.join(sorted(unknown))}")
+        now = utcnow()
+        if to == State.SUBMITTED:
+            updates.setdefault("submitted_at", now)
+        if to in TERMINAL_STATES:
+            updates.setdefault("completed_at", now)
+        step = _Step(operation_id, expected_from, to, detail or {}, owned_by, updates, now)
+        with self.db.storage_errors():
+            self.db.write(step.apply)
+        metrics.transitioned(to)
+
+    # -- the duplicate decision, read only --------------------------------------------------------------------
+
+    def blocker_of(self, receipt: ReceiptRecord, after_success: AfterSuccess) -> Blocker | None:
+        """What stands in the way, now, of the same request again (no Idempotency-Key): what `record` would
+        refuse it with, or None when it would record a new receipt."""
+        again = Intent(
+            operation=receipt.operation,
+            method=receipt.method,
+            scheme=receipt.scheme,
+            host=receipt.host,
+            port=receipt.port,
+            path=receipt.path,
+            intent_fingerprint=receipt.intent_fingerprint,
+            account=receipt.account,
+        )
+        with self.db.storage_errors(), self.db.reading() as conn:
+            return _find_blocker(conn, again, after_success)
+
+    # -- reads ------------------------------------------------------------------------------------------------
+
+    def get(self, operation_id: str) -> ReceiptRecord:
+        with self.db.storage_errors(), self.db.reading() as conn:
+            row = conn.execute(select(receipts).where(receipts.c.operation_id == operation_id)).first()
+        if row is None:
+            raise ReceiptNotFoundError(f"no receipt {operation_id}")
+        return ReceiptRecord.from_row(row)
+
+    def history(self, operation_id: str) -> list[TransitionRecord]:
+        query = select(transitions).where(transitions.c.operation_id == operation_id).order_by(transitions.c.id)
+        with self.db.storage_errors(), self.db.reading() as conn:
+            return [TransitionRecord(**r._mapping) for r in conn.execute(query)]
+
+    def list(
+        self,
+        states: Sequence[str] | None = None,
+        host: str | None = None,
+        older_than: timedelta | None = None,
+        limit: int | None = 100,
+    ) -> list[ReceiptRecord]:
+        """Newest first."""
+        q = select(receipts).order_by(receipts.c.created_at.desc(), receipts.c.operation_id.desc())
+        if states:
+            q = q.where(receipts.c.state.in_([State(s).value for s in states]))
+        if host:
+            q = q.where(receipts.c.host == host.lower())
+        if older_than is not None:
+            q = q.where(receipts.c.created_at <= utcnow() - older_than)
+        if limit is not None:
+            q = q.limit(limit)
+        with self.db.storage_errors(), self.db.reading() as conn:
+            return [ReceiptRecord.from_row(r) for r in conn.execute(q)]
+
+
+def _intent_params(intent: Intent) -> dict[str, Any]:
+    return {"b_account": intent.account, "b_fp": intent.intent_fingerprint}
+
+
+def _find_blocker(conn: Connection, intent: Intent, after_success: AfterSuccess) -> Blocker | None:
+    """At most two indexed queries: a reused Idempotency-Key (skipped for the key the proxy injects, a fresh
+    operation id), then the open receipt or, under an after-success policy, the recent success of the same
+    intent, in one query (an open one wins)."""
+    if intent.idempotency_key is not None and intent.idempotency_key != intent.operation_id:
+        other = conn.execute(_Q_KEY_MISMATCH, {**_intent_params(intent), "b_key": intent.idempotency_key}).first()
+        if other is not None:
+            return Blocker(BlockKind.KEY_MISMATCH, ReceiptRecord.from_row(other))
+    if after_success.policy != "allow" and after_success.window > 0:
+        since = utcnow() - timedelta(seconds=after_success.window)
+        row = conn.execute(_Q_OPEN_OR_SUCCEEDED, {**_intent_params(intent), "b_since": since}).first()
+    else:
+        row = conn.execute(_Q_OPEN, _intent_params(intent)).first()
+    if row is None:
+        return None
+    kind = BlockKind.SUCCEEDED if row.state == State.SUCCEEDED.value else BlockKind.OPEN
+    return Blocker(kind, ReceiptRecord.from_row(row))
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One compare-and-set with its history row: the unit of work a transaction (or a batch) runs."""
+
+    operation_id: str
+    expected_from: State
+    to: State
+    detail: dict[str, Any]
+    owned_by: str | None
+    updates: dict[str, Any]
+    now: datetime
+
+    def apply(self, conn: Connection) -> None:
+        params = {"b_op": self.operation_id, "b_from": self.expected_from.value, "state": self.to.value, "updated_at": self.now}
+        params.update(self.updates)
+        if self.owned_by is not None:
+            params["b_owner"] = self.owned_by
+        result = conn.execute(_CAS if self.owned_by is None else _CAS_OWNED, params)
+        if result.rowcount != 1:
+            actual = conn.execute(_Q_STATE, {"b_op": self.operation_id}).scalar()
+            if actual is None:
+                raise ReceiptNotFoundError(f"no receipt {self.operation_id}")
+            raise StaleStateError(self.operation_id, self.expected_from.value, actual)
+        conn.execute(
+            _INSERT_TRANSITION,
+            {
+                "operation_id": self.operation_id,
+                "from_state": self.expected_from.value,
+                "to_state": self.to.value,
+                "recorded_at": self.now,
+                "detail": self.detail,
+            },
+        )

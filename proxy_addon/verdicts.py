@@ -1,0 +1,93 @@
+"""From an upstream's answer to a verdict, and what of the answer may be kept for a replay. Pure."""
+
+import json
+from typing import Any
+
+from mitmproxy.net import encoding as mitm_encoding
+
+from proxy_addon.config import HostPolicy, OperationRule, compile_jsonpath
+from proxy_addon.fingerprint import redact_document, redact_headers
+from proxy_addon.records import Verdict
+from proxy_addon.sender import SendEnd, SendResult
+from proxy_addon.states import State
+
+
+def classify_outcome(result: SendResult, policy: HostPolicy, rule: OperationRule | None) -> Verdict:
+    """2xx succeeded; the host's unknown statuses, timeouts and resets outcome_unknown; never-sent and
+    every other status rejected."""
+    if result.end == SendEnd.NOT_SENT:
+        return _verdict(State.REJECTED, error_code="not_sent", error_message=result.error)
+    if result.end != SendEnd.ANSWERED or result.answer is None:
+        return _verdict(State.OUTCOME_UNKNOWN, error_code=result.end.value, error_message=result.error)
+    status = result.answer.status_code
+    if status in policy.unknown_statuses:
+        message = f"upstream answered {status}, which may follow a committed write"
+        return _verdict(State.OUTCOME_UNKNOWN, status_code=status, error_code="upstream_status", error_message=message)
+    if 200 <= status < 300:
+        return _verdict(State.SUCCEEDED, status_code=status, external_id=extract_external_id(result, rule))
+    return _verdict(State.REJECTED, status_code=status, error_code="upstream_status")
+
+
+def _verdict(
+    state: State,
+    status_code: int | None = None,
+    error_code: str | None = None,
+    error_message: str | None = None,
+    external_id: str | None = None,
+) -> Verdict:
+    updates = {"status_code": status_code, "error_code": error_code, "error_message": error_message, "external_id": external_id}
+    return Verdict(state, updates)
+
+
+def extract_external_id(result: SendResult, rule: OperationRule | None) -> str | None:
+    if rule is None or rule.external_id is None or result.answer is None:
+        return None
+    spec = rule.external_id
+    if spec.lower().startswith("header:"):
+        wanted = spec.split(":", 1)[1].strip().lower().encode()
+        for name, value in result.answer.headers:
+            if name.lower() == wanted:
+                return value.decode("latin-1")
+        return None
+    document = decoded_json(result)
+    if document is None:
+        return None
+    found = compile_jsonpath(spec).first(document)
+    return None if found is None or isinstance(found, dict | list) else str(found)
+
+
+def decoded_json(result: SendResult) -> Any:
+    if result.answer is None:
+        return None
+    try:
+        return json.loads(_decoded_content(result))
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _decoded_content(result: SendResult) -> bytes:
+    assert result.answer is not None
+    encoding = next((v.decode().lower() for k, v in result.answer.headers if k.lower() == b"content-encoding"), None)
+    if not encoding or encoding == "identity":
+        return result.answer.content
+    decoded = mitm_encoding.decode(result.answer.content, encoding)
+    return decoded if isinstance(decoded, bytes) else decoded.encode()
+
+
+def storable_response(result: SendResult, policy: HostPolicy, cap: int) -> dict[str, Any]:
+    """The answer, redacted like a request, as it may be kept for `replay`: the receipt's response columns."""
+    assert result.answer is not None
+    headers = redact_headers(
+        [(k.decode("latin-1"), v.decode("latin-1")) for k, v in result.answer.headers], policy.redact_headers
+    )
+    body = result.answer.content
+    encoded = any(k.lower() == b"content-encoding" for k, _ in result.answer.headers)
+    document = None if encoded else decoded_json(result)
+    if document is not None:
+        body = json.dumps(redact_document(document, policy.redact_fields), separators=(",", ":")).encode()
+        headers.pop("content-encoding", None)
+    return {
+        "response_headers": headers,
+        "response_body": body[:cap] if body else None,
+        "response_body_truncated": len(body) > cap,
+    }
