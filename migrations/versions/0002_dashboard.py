@@ -12,16 +12,15 @@ docs/queries.sql runs unchanged on SQLite and PostgreSQL. SQLite keeps the UTC d
 A later migration that rebuilds `receipts` or `duplicate_refusals` with SQLite batch mode must drop these
 views first and create them again after (SQLite checks views when the rebuilt table is renamed into place).
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision: str = '0002'
-down_revision: Union[str, None] = '0001'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | None = '0001'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 OPEN_STATES = "'manual_review', 'outcome_unknown', 'planned', 'reconciling', 'submitted'"
 UNKNOWN_STATES = "'outcome_unknown', 'reconciling', 'manual_review'"
