@@ -10,6 +10,7 @@ its parent dies or after --max-lifetime seconds.
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -99,10 +100,8 @@ async def serve(port: int, max_lifetime: float) -> None:
     async with server:
         # bounded: wakes once a second, ends on a signal, when the parent is gone, or at the deadline
         while not stop.is_set() and loop.time() < deadline and os.getppid() == parent:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                pass
 
 
 def main() -> int:
