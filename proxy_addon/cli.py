@@ -15,13 +15,14 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
-from proxy_addon.config import ReceiptsConfig, admin_settings, load_config, parse_duration
+from proxy_addon.config import ReceiptsConfig, admin_settings, load_config
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
 from proxy_addon.documents import LIST_COLUMNS, PUBLIC_COLUMNS, dumps, expand_states, receipt_document, show_document
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
 from proxy_addon.review import resolve
 from proxy_addon.states import RESOLUTION_STATES
 from proxy_addon.store import ReceiptStore
+from proxy_addon.units import parse_duration
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

@@ -6,33 +6,16 @@ the request path never re-reads or re-parses configuration.
 
 import ipaddress
 import os
-import re
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from jsonpath_ng import JSONPath
-from jsonpath_ng import parse as parse_jsonpath
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from proxy_addon.exceptions import ConfigError
-
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-MAX_DURATION_SECONDS = 36500 * 86400.0  # a hundred years: still a datetime when added to or taken from now
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(b|kb|kib|mb|mib)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"b": 1, "kb": 1000, "kib": 1024, "mb": 1000**2, "mib": 1024**2}
+from proxy_addon.operations import MUTATING_METHODS, OperationRule
+from proxy_addon.units import Duration, Size, StrictModel
 
 BUILTIN_SECRET_HEADERS = (
     "authorization",
@@ -45,216 +28,11 @@ BUILTIN_SECRET_HEADERS = (
     "x-amz-security-token",
 )
 DEFAULT_REDACT_FIELDS = ("password", "token", "secret", "api_key")
-MUTATING_METHODS = ("POST", "PUT", "PATCH", "DELETE")
-
-
-def parse_duration(value: Any) -> float:
-    """`30s`, `15m`, `24h`, `2d`, `500ms`, or a number of seconds; returns seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"invalid duration {value!r} (use e.g. 30s, 15m, 24h)")
-    if isinstance(value, int | float):
-        try:
-            seconds = float(value)
-        except OverflowError:  # an int too large for a float
-            seconds = float("inf") if value > 0 else float("-inf")
-    else:
-        m = _DURATION_RE.match(str(value))
-        if not m:
-            raise ValueError(f"invalid duration {value!r} (use e.g. 30s, 15m, 24h)")
-        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-    if seconds < 0:
-        raise ValueError(f"invalid duration {value!r}: must not be negative")
-    if not seconds <= MAX_DURATION_SECONDS:  # also NaN: clock arithmetic with it would fail at run time
-        raise ValueError(f"invalid duration {value!r}: must be at most 36500d")
-    return seconds
-
-
-def parse_size(value: Any) -> int:
-    """`65536`, `64KiB`, `1MiB`; returns bytes."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    m = _SIZE_RE.match(str(value))
-    if not m:
-        raise ValueError(f"invalid size {value!r} (use e.g. 65536, 64KiB, 1MiB)")
-    return int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()]
-
-
-def _compile_jsonpath(value: Any) -> "JsonPath":
-    if isinstance(value, JsonPath):
-        return value
-    if not isinstance(value, str) or not value.startswith("$"):
-        raise ValueError(f"invalid JSON path {value!r} (write it like $.id or $.items[0].id)")
-    try:
-        return JsonPath(value, parse_jsonpath(value))
-    except Exception as e:  # noqa: BLE001 - jsonpath-ng raises bare Exceptions on syntax errors
-        raise ValueError(f"invalid JSON path {value!r}: {e}") from None
-
-
-@dataclass(frozen=True)
-class JsonPath:
-    """A compiled JSON path, kept with its source text."""
-
-    text: str
-    compiled: JSONPath = field(compare=False, repr=False)
-
-    def find(self, document: Any) -> list[Any]:
-        return [m.value for m in self.compiled.find(document)]
-
-    def first(self, document: Any) -> Any:
-        found = self.find(document)
-        return found[0] if found else None
-
-
-compile_jsonpath = _compile_jsonpath
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-Size = Annotated[int, BeforeValidator(parse_size)]
-JsonPathField = Annotated[JsonPath, BeforeValidator(_compile_jsonpath), PlainSerializer(lambda p: p.text)]
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
 
 class AfterSuccess(StrictModel):
     policy: Literal["replay", "refuse", "allow"] = "replay"
     window: Duration = 900.0
-
-
-class FingerprintRule(StrictModel):
-    fields: list[JsonPathField] | None = None
-    exclude: list[JsonPathField] | None = None
-
-    @model_validator(mode="after")
-    def _one_of(self) -> "FingerprintRule":
-        if self.fields is not None and self.exclude is not None:
-            raise ValueError("give either fields (an allowlist) or exclude, not both")
-        return self
-
-
-_PLACEHOLDER_RE = re.compile(r"\{([a-z_]+(?:\.[A-Za-z0-9_.\-]+)?)\}")  # as the reconciler fills them
-_URL_PLACEHOLDERS = {"scheme", "host", "port", "netloc", "external_id", "idempotency_key", "operation_id", "submitted_at"}
-
-
-class ReconcileRule(StrictModel):
-    strategy: Literal["lookup", "search", "resend_with_key"]
-    method: Literal["GET", "HEAD"] = "GET"
-    url: str | None = None
-    headers: dict[str, str] = {}
-    items: JsonPathField | None = None
-    match: dict[str, str] = {}
-    id: JsonPathField | None = None
-    settle: Duration = 0.0
-    attempts: int = Field(default=3, ge=1, le=100)
-    absent_means: Literal["safe_to_retry", "succeeded", "manual_review"] = "safe_to_retry"
-    timeout: Duration = 10.0
-    max_pages: int = Field(default=5, ge=1, le=100)
-    next_page: JsonPathField | None = None  # search: where the next page's URL is in a page
-    time_field: JsonPathField | None = None  # search: a candidate's creation time, to bound the window
-    window: Duration = 3600.0  # search: candidates created this long before or after submission
-
-    @field_validator("url")
-    @classmethod
-    def _known_placeholders(cls, url: str | None) -> str | None:
-        if url is None:
-            return url
-        for name in _PLACEHOLDER_RE.findall(url):
-            if name not in _URL_PLACEHOLDERS and not name.startswith(("path.", "body.")):
-                raise ValueError(f"unknown placeholder {{{name}}} in url")
-        return url
-
-    @field_validator("match")
-    @classmethod
-    def _match_paths(cls, match: dict[str, str]) -> dict[str, str]:
-        for candidate, original in match.items():
-            _compile_jsonpath(candidate)
-            _compile_jsonpath(original)
-        return match
-
-    @model_validator(mode="after")
-    def _strategy_needs(self) -> "ReconcileRule":
-        if self.strategy in ("lookup", "search") and not self.url:
-            raise ValueError(f"strategy {self.strategy} needs a url")
-        if self.strategy == "search" and not self.match:
-            raise ValueError("strategy search needs match (candidate field: request field)")
-        if self.method == "HEAD" and (self.strategy == "search" or self.match or self.id is not None):
-            raise ValueError("method HEAD reads no body: it cannot search, match or find an id (use GET)")
-        return self
-
-    @cached_property
-    def match_paths(self) -> list[tuple[JsonPath, JsonPath]]:
-        return [(_compile_jsonpath(c), _compile_jsonpath(o)) for c, o in self.match.items()]
-
-
-class OperationRule(StrictModel):
-    name: str = Field(min_length=1)
-    method: str
-    path: str
-    fingerprint: FingerprintRule | None = None
-    external_id: str | None = None
-    retry_safe: bool = False
-    reconcile: ReconcileRule | None = None
-
-    @field_validator("method")
-    @classmethod
-    def _upper(cls, method: str) -> str:
-        method = method.upper()
-        if method not in MUTATING_METHODS:
-            raise ValueError(f"method {method!r} is not one the proxy journals ({', '.join(MUTATING_METHODS)})")
-        return method
-
-    @field_validator("path")
-    @classmethod
-    def _template(cls, path: str) -> str:
-        if not path.startswith("/"):
-            raise ValueError(f"path template {path!r} must start with /")
-        compile_path_template(path)
-        return path
-
-    @field_validator("external_id")
-    @classmethod
-    def _external_id(cls, value: str | None) -> str | None:
-        if value is not None and not value.lower().startswith("header:"):
-            _compile_jsonpath(value)
-        return value
-
-    @model_validator(mode="after")
-    def _reconcile_consistent(self) -> "OperationRule":
-        r = self.reconcile
-        if r and r.absent_means == "safe_to_retry" and not self.retry_safe and r.strategy != "resend_with_key":
-            # the default absent_means is only meaningful with retry_safe; without it absence goes to a person
-            object.__setattr__(self, "reconcile", r.model_copy(update={"absent_means": "manual_review"}))
-        if r and r.absent_means == "succeeded" and self.method != "DELETE":
-            raise ValueError("absent_means: succeeded is only allowed for DELETE")
-        if r and r.url:
-            params = set(compile_path_template(self.path).groupindex)
-            for name in _PLACEHOLDER_RE.findall(r.url):
-                if name.startswith("path.") and name[5:] not in params:
-                    raise ValueError(f"reconcile url uses {{{name}}}, but path {self.path} has no {{{name[5:]}}}")
-        return self
-
-    @cached_property
-    def path_regex(self) -> re.Pattern[str]:
-        return compile_path_template(self.path)
-
-
-def compile_path_template(template: str) -> re.Pattern[str]:
-    """`/api/articles/{id}` -> a regex where each `{name}` matches exactly one path segment."""
-    parts = re.split(r"(\{[A-Za-z_][A-Za-z0-9_]*\})", template)
-    pattern = ""
-    seen: set[str] = set()
-    for part in parts:
-        if part.startswith("{") and part.endswith("}"):
-            name = part[1:-1]
-            if name in seen:
-                raise ValueError(f"path template {template!r} repeats {{{name}}}")
-            seen.add(name)
-            pattern += f"(?P<{name}>[^/]+)"
-        else:
-            if "{" in part or "}" in part:
-                raise ValueError(f"path template {template!r} has a malformed placeholder")
-            pattern += re.escape(part)
-    return re.compile(f"^{pattern}/?$")
 
 
 class HostOverrides(StrictModel):
@@ -273,16 +51,16 @@ class HostOverrides(StrictModel):
 class Defaults(StrictModel):
     upstream_timeout: Duration = 30.0
     connect_timeout: Duration = 10.0
-    unknown_statuses: list[Annotated[int, Field(ge=100, le=599)]] = [500, 502, 503, 504]
+    unknown_statuses: list[Annotated[int, Field(ge=100, le=599)]] = Field(default_factory=lambda: [500, 502, 503, 504])
     after_success: AfterSuccess = AfterSuccess()
-    redact_headers: list[str] = []
-    redact_fields: list[str] = list(DEFAULT_REDACT_FIELDS)
+    redact_headers: list[str] = Field(default_factory=list)
+    redact_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_REDACT_FIELDS))
     inject_idempotency_key: bool = False
     idempotency_key_header: str = "Idempotency-Key"
 
 
 class HostConfig(HostOverrides):
-    operations: list[OperationRule] = []
+    operations: list[OperationRule] = Field(default_factory=list)
 
 
 class DatabaseSettings(StrictModel):
@@ -290,7 +68,7 @@ class DatabaseSettings(StrictModel):
 
 
 class ProxySettings(StrictModel):
-    methods: list[str] = list(MUTATING_METHODS)
+    methods: list[str] = Field(default_factory=lambda: list(MUTATING_METHODS))
     fail_open: bool = False
     max_stored_body: Size = 65536
     max_stored_response: Size = 65536
@@ -383,7 +161,7 @@ class HostPolicy:
 class ReceiptsConfig(StrictModel):
     database: DatabaseSettings = DatabaseSettings()
     defaults: Defaults = Defaults()
-    hosts: dict[str, HostConfig] = {}
+    hosts: dict[str, HostConfig] = Field(default_factory=dict)
     proxy: ProxySettings = ProxySettings()
     reconcile: ReconcileSettings = ReconcileSettings()
     admin: AdminSettings = AdminSettings()

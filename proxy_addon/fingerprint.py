@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from mitmproxy.net.http.multipart import decode_multipart
 
-from proxy_addon.config import FingerprintRule
+from proxy_addon.operations import FingerprintRule
 
 REDACTED = "[REDACTED]"
 FINGERPRINT_VERSION = 1

@@ -21,7 +21,7 @@ import structlog
 from proxy_addon import answers, duplicates, metrics
 from proxy_addon.account import AccountHasher
 from proxy_addon.answers import Answer
-from proxy_addon.config import HostPolicy, OperationRule, ReceiptsConfig
+from proxy_addon.config import HostPolicy, ReceiptsConfig
 from proxy_addon.exceptions import (
     DuplicateIntentError,
     JournalUnavailableError,
@@ -31,6 +31,7 @@ from proxy_addon.exceptions import (
 )
 from proxy_addon.intent import RequestFacts, build_intent
 from proxy_addon.log import get_logger
+from proxy_addon.operations import OperationRule
 from proxy_addon.records import Intent, Verdict, new_operation_id
 from proxy_addon.sender import SendResult, UpstreamSender
 from proxy_addon.states import State

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
 from proxy_addon.account import AccountHasher
-from proxy_addon.config import HostPolicy, OperationRule
+from proxy_addon.config import HostPolicy
 from proxy_addon.fingerprint import analyse_body, intent_fingerprint, redact_headers, redact_query
+from proxy_addon.operations import OperationRule
 from proxy_addon.records import Intent
 
 _ID_SEGMENT = re.compile(r"^(\d+|[0-9a-fA-F-]{16,}|[A-Za-z0-9_-]{24,})$")

@@ -5,11 +5,13 @@ from typing import Any
 
 from mitmproxy.net import encoding as mitm_encoding
 
-from proxy_addon.config import HostPolicy, OperationRule, compile_jsonpath
+from proxy_addon.config import HostPolicy
 from proxy_addon.fingerprint import redact_document, redact_headers
+from proxy_addon.operations import OperationRule
 from proxy_addon.records import Verdict
 from proxy_addon.sender import SendEnd, SendResult
 from proxy_addon.states import State
+from proxy_addon.units import compile_jsonpath
 
 
 def classify_outcome(result: SendResult, policy: HostPolicy, rule: OperationRule | None) -> Verdict:

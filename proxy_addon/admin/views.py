@@ -7,7 +7,6 @@ from flask import Response, request
 
 from proxy_addon import documents
 from proxy_addon.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
-from proxy_addon.config import parse_duration
 from proxy_addon.exceptions import (
     BadRequest,
     InvalidResolutionError,
@@ -16,6 +15,7 @@ from proxy_addon.exceptions import (
     ReceiptsError,
     StaleStateError,
 )
+from proxy_addon.units import parse_duration
 
 LIST_LIMIT = 200
 MAX_LIST_LIMIT = 1000

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from proxy_addon.config import ReconcileRule
+from proxy_addon.operations import ReconcileRule
 from proxy_addon.records import ReceiptRecord, Verdict
 from proxy_addon.states import State
 

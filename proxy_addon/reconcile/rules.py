@@ -7,13 +7,12 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from proxy_addon.config import ReconcileRule
 from proxy_addon.exceptions import ReadNotPossible, UnreadableRule
 from proxy_addon.fingerprint import REDACTED, canonical_json
+from proxy_addon.operations import PLACEHOLDER_RE, ReconcileRule
 from proxy_addon.records import ReceiptRecord
 
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_PLACEHOLDER_RE = re.compile(r"\{([a-z_]+(?:\.[A-Za-z0-9_.\-]+)?)\}")
 
 
 def netloc_of(receipt: ReceiptRecord) -> str:
@@ -57,7 +56,7 @@ def fill_template(template: str, receipt: ReceiptRecord, path_params: dict[str, 
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
         return text if name in ("scheme", "host", "port", "netloc") else quote(text, safe="")
 
-    return _PLACEHOLDER_RE.sub(lambda m: value_of(m.group(1)), template)
+    return PLACEHOLDER_RE.sub(lambda m: value_of(m.group(1)), template)
 
 
 def expand_env(headers: dict[str, str]) -> dict[str, str]:

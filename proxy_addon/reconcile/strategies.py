@@ -10,9 +10,10 @@ from urllib.parse import parse_qsl, urljoin, urlsplit
 
 import httpx
 
-from proxy_addon.config import HostPolicy, OperationRule, ReconcileRule, compile_jsonpath
+from proxy_addon.config import HostPolicy
 from proxy_addon.exceptions import UnreadableRule
 from proxy_addon.fingerprint import REDACTED, canonical_json
+from proxy_addon.operations import OperationRule, ReconcileRule
 from proxy_addon.reconcile.decide import Found, ReadOutcome
 from proxy_addon.reconcile.rules import (
     candidate_matches,
@@ -24,6 +25,7 @@ from proxy_addon.reconcile.rules import (
 )
 from proxy_addon.records import ReceiptRecord
 from proxy_addon.sender import HOP_BY_HOP
+from proxy_addon.units import compile_jsonpath
 
 
 class RateLimiter(Protocol):

@@ -7,9 +7,9 @@ end of the pytest run. Other fault tests may add rows too: `from faults.invarian
 from collections.abc import Iterator
 
 import pytest
+from support.recording_upstream import RecordingUpstream
 
 from faults.invariants import SUMMARY, ScenarioRow
-from faults.recording_upstream import RecordingUpstream
 
 
 @pytest.fixture

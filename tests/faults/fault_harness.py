@@ -22,8 +22,7 @@ from typing import Any
 
 import httpx
 import yaml
-
-from faults.recording_upstream import REJECT, RESET, SEND_HEADER, SLOW, SUCCESS, RecordingUpstream
+from support.recording_upstream import REJECT, RESET, SEND_HEADER, SLOW, SUCCESS, RecordingUpstream
 
 REPO = Path(__file__).resolve().parents[2]
 PG_BIN = Path(os.environ.get("RECEIPTS_PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -280,7 +279,7 @@ class PrivatePostgres:
     loopback port (and a Unix socket in that directory): this test may stop it and start it again."""
 
     def __init__(self) -> None:
-        from support.proxy import free_port
+        from support.server import free_port
 
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="receipts-pg-"))

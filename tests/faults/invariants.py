@@ -25,8 +25,8 @@ from itertools import pairwise
 from typing import Any
 
 from sqlalchemy import select
+from support.recording_upstream import Reception
 
-from faults.recording_upstream import Reception
 from proxy_addon.db import make_engine
 from proxy_addon.models import Receipt, ReceiptTransition
 from proxy_addon.states import TERMINAL_STATES, State, is_allowed

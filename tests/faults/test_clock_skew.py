@@ -35,9 +35,9 @@ import pytest
 import yaml
 from conftest import IN_CI, migrate
 from sqlalchemy import func, select
-from store_helpers import recorded
 from support.e2e import open_store, proxy_client, stop_process, wait_for
 from support.proxy import REPO, start_proxy_process
+from support.store import recorded
 from support.upstream import Upstream, start_upstream
 
 from proxy_addon.config import parse_config

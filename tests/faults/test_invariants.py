@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import insert, text
-from store_helpers import intent, raw_row
+from support.recording_upstream import Reception
+from support.store import intent, raw_row
 
 from faults.invariants import Journal, find_violations, read_journal
-from faults.recording_upstream import Reception
 from proxy_addon.records import utcnow
 from proxy_addon.states import State
 from proxy_addon.store.receipts import receipts, transitions

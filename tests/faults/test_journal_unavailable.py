@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from support.e2e import migrate, open_store, stop_process, wait_for
 from support.proxy import start_proxy_process
+from support.recording_upstream import SUCCESS, RecordingUpstream
 
 from faults.fault_harness import (
     MIXED,
@@ -37,7 +38,6 @@ from faults.fault_harness import (
     send,
 )
 from faults.invariants import check_scenario
-from faults.recording_upstream import SUCCESS, RecordingUpstream
 
 FAIL_OPEN_EVENT = "journal_unavailable_forwarding_without_receipt"
 

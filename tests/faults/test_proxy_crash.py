@@ -15,10 +15,10 @@ import time
 import pytest
 from support.e2e import migrate, open_store, stop_process, wait_for
 from support.proxy import start_proxy_process
+from support.recording_upstream import SLOW
 
 from faults.fault_harness import MIXED, Agents, answered_ids, fault_config, intent_pool, proxy_client, send
 from faults.invariants import check_scenario
-from faults.recording_upstream import SLOW
 
 RECOVERY_LIMIT = 30.0  # the contract: a dead instance's receipts are recovered within 30 s of a restart
 

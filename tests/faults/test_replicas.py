@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 
 from sqlalchemy import select
 from support.e2e import open_store, wait_for
+from support.recording_upstream import RESET, SLOW, SUCCESS
 
 from faults.fault_harness import MIXED, Agents, Intent, answered_ids, burst, fault_config, intent_pool, load_topology
 from faults.invariants import check_scenario
-from faults.recording_upstream import RESET, SLOW, SUCCESS
 from proxy_addon.db import make_engine
 from proxy_addon.models import ProxyInstance
 

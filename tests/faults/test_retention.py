@@ -14,15 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import delete, func, select, update
-from store_helpers import intent, recorded, walk
+from support.store import intent, recorded, walk
 
 from proxy_addon.cli import main
-from proxy_addon.config import parse_duration
 from proxy_addon.records import utcnow
 from proxy_addon.states import OPEN_STATES, TERMINAL_STATES, State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts, transitions
 from proxy_addon.store.refusals import refusals
+from proxy_addon.units import parse_duration
 
 HOUR = timedelta(hours=1)
 

@@ -16,10 +16,10 @@ from datetime import datetime, timedelta
 import pytest
 from support.e2e import migrate, open_store, stop_process, wait_for
 from support.proxy import start_proxy_process
+from support.recording_upstream import RESET
 
 from faults.fault_harness import Intent, fault_config, proxy_client, send
 from faults.invariants import check_scenario, read_journal
-from faults.recording_upstream import RESET
 
 RECEIPTS = 6
 LEASE = 3.0

@@ -5,12 +5,10 @@ import datetime
 import ipaddress
 import ssl
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -21,7 +19,7 @@ from proxy_addon.db import alembic_config, make_engine
 from proxy_addon.records import ReceiptRecord
 from proxy_addon.store import ReceiptStore
 from support.pg import fresh_database, libpq_url
-from support.upstream import Received, Upstream, _Handler
+from support.upstream import Received, Upstream
 
 PROBLEM_JSON = "application/problem+json"
 SHA256_PREFIX = "sha256:"
@@ -85,20 +83,6 @@ def proxy_client(proxy_url: str, **kw) -> httpx.Client:
 def received(up: Upstream, path: str) -> list[Received]:
     with up.lock:
         return [r for r in up.received if r.path.split("?")[0] == path]
-
-
-def start_upstream_on(port: int = 0, ssl_context: ssl.SSLContext | None = None) -> Upstream:
-    """Like support.upstream.start_upstream, on a chosen port and optionally behind TLS."""
-    handler = type("Handler", (_Handler,), {"idle_timeout": None})
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-    server.daemon_threads = True
-    if ssl_context is not None:
-        server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    up = Upstream(server, thread)
-    handler.upstream = up
-    thread.start()
-    return up
 
 
 def self_signed_server_context(directory: Path) -> ssl.SSLContext:

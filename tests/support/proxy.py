@@ -3,7 +3,6 @@
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
 from proxy_addon.addon import Receipts, make_addons
+from support.server import accepts, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,21 +75,6 @@ def start_inprocess_proxy(config_path: Path, database_url: str, confdir: Path, *
     if not ready.wait(20) or "error" in box or "port" not in box:
         raise RuntimeError(f"proxy did not start: {box.get('error')!r}")
     return RunningProxy(box["port"], box["addon"], box["master"], thread, box["loop"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def accepts(port: int) -> bool:
-    """Whether something listens on this loopback port."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def start_proxy_process(

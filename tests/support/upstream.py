@@ -2,12 +2,15 @@
 
 import json
 import socket
+import ssl
 import struct
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from support.server import serve, stop
 
 
 @dataclass
@@ -41,9 +44,7 @@ class Upstream:
             )
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+        stop(self.server, self.thread)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -107,12 +108,9 @@ class _Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_PATCH = do_DELETE = do_GET = _handle
 
 
-def start_upstream(idle_timeout: float | None = None) -> Upstream:
+def start_upstream(idle_timeout: float | None = None, port: int = 0, ssl_context: ssl.SSLContext | None = None) -> Upstream:
+    """On a free port (or `port`), optionally behind TLS."""
     handler = type("Handler", (_Handler,), {"idle_timeout": idle_timeout})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    up = Upstream(server, thread)
+    up = Upstream(*serve(handler, port, ssl_context))
     handler.upstream = up
-    thread.start()
     return up

@@ -27,6 +27,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from support.server import serve, stop
+
 OK = "ok"
 COMMIT_THEN_HANG = "commit_then_hang"
 HANG_WITHOUT_STORE = "hang_without_store"
@@ -74,6 +76,8 @@ class World:
     next_link_base: str = ""
     hang_seconds: float = 5.0
     failing_reads: int = 0
+    settled_writes: int = 0  # writes the world has done with (stored or not, answered or now hanging)
+    settled: threading.Condition = field(default_factory=threading.Condition)
     _next_id: int = 100
 
     # -- lifecycle ------------------------------------------------------------------------------------------
@@ -93,13 +97,19 @@ class World:
 
     def stop(self) -> None:
         self.released.set()
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-        if self.thread is not None:
-            self.thread.join(5)
+        stop(self.server, self.thread)
 
     # -- switches and seeding -------------------------------------------------------------------------------
+
+    def note_settled(self) -> None:
+        with self.settled:
+            self.settled_writes += 1
+            self.settled.notify_all()
+
+    def wait_settled(self, count: int, timeout: float = 10.0) -> bool:
+        """Until `count` writes have been done with (stored or not), or `timeout`."""
+        with self.settled:
+            return self.settled.wait_for(lambda: self.settled_writes >= count, timeout)
 
     def fail_reads(self, n: int) -> None:
         with self.lock:
@@ -158,13 +168,6 @@ def _public(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if not k.startswith("_")}
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that gave up on a hang closed its socket: expected here
-
-
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     world: World
@@ -175,6 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
     # -- plumbing -------------------------------------------------------------------------------------------
 
     def _handle(self) -> None:
+        self.settled_noted = False
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         url = urlsplit(self.path)
@@ -212,7 +216,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
+    def _settle(self) -> None:
+        """Tell the world this write is done with (once per request; reads are not writes)."""
+        if self.command != "GET" and not self.settled_noted:
+            self.settled_noted = True
+            self.world.note_settled()
+
     def _send(self, status: int, document: Any) -> None:
+        self._settle()
         payload = json.dumps(document).encode()
         try:
             self.send_response(status)
@@ -225,6 +236,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _hang(self, then: tuple[int, Any] | None) -> None:
         """No answer until long after the proxy's timeout (or until the world stops); then maybe answer late."""
+        self._settle()
         self.world.released.wait(min(self.world.hang_seconds, MAX_HANG_SECONDS))
         self.close_connection = True
         if then is not None:
@@ -326,7 +338,5 @@ class _Handler(BaseHTTPRequestHandler):
 def start_world() -> World:
     world = World()
     handler = type("WorldHandler", (_Handler,), {"world": world})
-    world.server = _Server(("127.0.0.1", 0), handler)
-    world.thread = threading.Thread(target=world.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    world.thread.start()
+    world.server, world.thread = serve(handler)
     return world

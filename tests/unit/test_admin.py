@@ -16,7 +16,9 @@ import jsonschema
 import pytest
 from openapi_spec_validator import validate as validate_spec
 from sqlalchemy import update
-from store_helpers import recorded
+from support.proxy import REPO
+from support.server import free_port
+from support.store import intent, recorded, walk
 
 from proxy_addon.admin.app import create_app
 from proxy_addon.admin.server import AdminServer
@@ -30,8 +32,6 @@ from proxy_addon.states import State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts
 from tests.conftest import migrate
-from tests.store_helpers import intent, walk
-from tests.support.proxy import REPO, free_port
 
 TOKEN = "s3cret-admin-token-for-tests"
 

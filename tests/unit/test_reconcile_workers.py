@@ -17,7 +17,7 @@ from datetime import timedelta
 import pytest
 import yaml
 from sqlalchemy import select
-from store_helpers import recorded, transitioned
+from support.store import recorded, transitioned
 from support.world import World, start_world
 
 from proxy_addon.config import ReceiptsConfig, parse_config

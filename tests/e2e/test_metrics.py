@@ -8,7 +8,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import text
-from store_helpers import recorded
+from support.proxy import start_inprocess_proxy
+from support.store import intent, recorded, walk
+from support.upstream import start_upstream
 
 from proxy_addon import metrics
 from proxy_addon.admin.app import create_app
@@ -17,9 +19,6 @@ from proxy_addon.records import utcnow
 from proxy_addon.states import RefusalReason, State
 from proxy_addon.store import ReceiptStore
 from tests.conftest import migrate
-from tests.store_helpers import intent, walk
-from tests.support.proxy import start_inprocess_proxy
-from tests.support.upstream import start_upstream
 
 SECRET = "Bearer agent-secret-4f1c"
 

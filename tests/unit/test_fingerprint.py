@@ -14,9 +14,10 @@ from mitmproxy.net.http.multipart import encode_multipart
 from pydantic import ValidationError
 
 from proxy_addon.account import ANONYMOUS, SECRET_ENV, AccountHasher, load_or_create_key
-from proxy_addon.config import BUILTIN_SECRET_HEADERS, DEFAULT_REDACT_FIELDS, FingerprintRule
+from proxy_addon.config import BUILTIN_SECRET_HEADERS, DEFAULT_REDACT_FIELDS
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.fingerprint import REDACTED, analyse_body, canonical_json, intent_fingerprint, redact_headers
+from proxy_addon.operations import FingerprintRule
 
 RF = frozenset(DEFAULT_REDACT_FIELDS)
 JSON = "application/json"

@@ -12,7 +12,7 @@ from alembic import command
 from sqlalchemy import text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from store_helpers import S, count, intent, recorded, transitioned, walk
+from support.store import S, count, intent, recorded, transitioned, walk
 
 from proxy_addon.db import PG_IDLE_IN_TRANSACTION_TIMEOUT_MS, alembic_config, make_engine
 from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError

@@ -13,7 +13,7 @@ from alembic import command
 from sqlalchemy import insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
-from store_helpers import PATHS, S, count, fp, intent, raw_row, recorded, transitioned, walk
+from support.store import PATHS, S, count, fp, intent, raw_row, recorded, transitioned, walk
 
 from proxy_addon.config import AfterSuccess
 from proxy_addon.db import alembic_config, make_engine

@@ -7,16 +7,15 @@ from pathlib import Path
 import pytest
 from alembic import command
 from sqlalchemy import inspect, text, update
-from store_helpers import recorded
+from support.store import intent, recorded, walk
 
 from proxy_addon.db import alembic_config, make_engine
 from proxy_addon.records import utcnow
 from proxy_addon.states import RefusalReason, State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts
-from tests.store_helpers import intent, walk
 
-QUERIES = Path(__file__).resolve().parents[1] / "docs" / "queries.sql"
+QUERIES = Path(__file__).resolve().parents[2] / "docs" / "queries.sql"
 VIEWS = {"v_open_receipts", "v_unknowns_by_host", "v_daily_counts", "v_duplicates_refused"}
 
 

@@ -3,15 +3,10 @@ per-host policy and operation lookups."""
 
 import pytest
 
-from proxy_addon.config import (
-    BUILTIN_SECRET_HEADERS,
-    compile_path_template,
-    load_config,
-    parse_config,
-    parse_duration,
-    parse_size,
-)
+from proxy_addon.config import BUILTIN_SECRET_HEADERS, load_config, parse_config
 from proxy_addon.exceptions import ConfigError
+from proxy_addon.operations import compile_path_template
+from proxy_addon.units import parse_duration, parse_size
 
 # The example config of CONTRACT.md, verbatim.
 CONTRACT_EXAMPLE = """\

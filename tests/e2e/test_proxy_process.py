@@ -17,13 +17,13 @@ from support.e2e import (
     proxy_client,
     receipts_for,
     self_signed_server_context,
-    start_upstream_on,
     stop_process,
     tag,
     wait_for,
 )
 from support.e2e import migrate as migrate_url
-from support.proxy import REPO, accepts, free_port, start_inprocess_proxy, start_proxy_process
+from support.proxy import REPO, start_inprocess_proxy, start_proxy_process
+from support.server import accepts, free_port
 from support.upstream import start_upstream
 
 MITMDUMP = Path(sys.executable).parent / "mitmdump"
@@ -129,7 +129,7 @@ def test_mitmdump_with_the_addon_script_journals_a_post(sqlite_url, upstream, tm
 
 @pytest.fixture
 def tls_upstream(tmp_path):
-    up = start_upstream_on(0, self_signed_server_context(tmp_path))
+    up = start_upstream(ssl_context=self_signed_server_context(tmp_path))
     try:
         yield up
     finally:

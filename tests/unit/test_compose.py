@@ -10,7 +10,7 @@ from proxy_addon.config import admin_settings, load_config
 from proxy_addon.db import parse_database_url
 from proxy_addon.exceptions import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

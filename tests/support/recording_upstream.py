@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from support.server import serve, stop
+
 SUCCESS, SLOW, RESET, REJECT = "success", "slow", "reset", "reject"
 MODES = (SUCCESS, SLOW, RESET, REJECT)
 SEND_HEADER = "X-Fault-Send"
@@ -66,18 +68,12 @@ class RecordingUpstream:
 
     def start(self) -> "RecordingUpstream":
         handler = type("RecordingHandler", (_Handler,), {"upstream": self})
-        self.server = _Server(("127.0.0.1", 0), handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
+        self.server, self.thread = serve(handler)
         return self
 
     def stop(self) -> None:
         self.released.set()
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-        if self.thread is not None:
-            self.thread.join(5)
+        stop(self.server, self.thread)
 
     def __enter__(self) -> "RecordingUpstream":
         return self.start()
@@ -116,13 +112,6 @@ class RecordingUpstream:
     def read_count(self) -> int:
         with self.lock:
             return len(self.reads)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a proxy killed mid-request leaves a closed socket behind: expected here
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import update
-from store_helpers import intent, recorded, walk
+from support.store import intent, recorded, walk
 
 from proxy_addon.cli import main
 from proxy_addon.db import make_engine

@@ -6,7 +6,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
-from store_helpers import S, fp, intent, recorded, walk
+from support.store import S, fp, intent, recorded, walk
 
 from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine

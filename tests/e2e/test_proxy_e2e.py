@@ -22,13 +22,13 @@ from support.e2e import (
     proxy_client,
     receipts_for,
     received,
-    start_upstream_on,
     stop_process,
     tag,
     wait_for,
 )
 from support.e2e import migrate as migrate_url
-from support.proxy import RunningProxy, free_port, start_inprocess_proxy, start_proxy_process
+from support.proxy import RunningProxy, start_inprocess_proxy, start_proxy_process
+from support.server import free_port
 from support.upstream import Upstream, start_upstream
 
 from proxy_addon.store import ReceiptStore
@@ -228,7 +228,7 @@ def test_connection_refused_is_not_sent_and_a_retry_is_forwarded(env: Env):
     assert doc["operation_id"] == first.operation_id
     assert (first.state, first.error_code) == ("rejected", "not_sent")
 
-    late = start_upstream_on(port)  # the upstream comes up; the agent retries the very same request
+    late = start_upstream(port=port)  # the upstream comes up; the agent retries the very same request
     try:
         r = env.client.post(url, json=body)
         assert r.status_code == 201, r.text

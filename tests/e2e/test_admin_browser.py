@@ -12,17 +12,18 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.proxy import start_inprocess_proxy
+from support.server import free_port
+from support.upstream import start_upstream
 
 from proxy_addon.config import load_config
 from proxy_addon.reconcile.worker import Reconciler
 from tests.conftest import IN_CI, migrate
-from tests.support.proxy import free_port, start_inprocess_proxy
-from tests.support.upstream import start_upstream
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 NOTE = "Checked the payment provider's dashboard: charge ch_4711 exists, created once at 14:02."
 
 

@@ -1,0 +1,148 @@
+"""Operation rules: the per-route settings of config.yaml (path templates, what identifies a write, where its
+external id is, how the reconciler reads it), validated at load with one line naming what is wrong."""
+
+import re
+from functools import cached_property
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from proxy_addon.units import Duration, JsonPath, JsonPathField, StrictModel, compile_jsonpath
+
+MUTATING_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+
+
+class FingerprintRule(StrictModel):
+    fields: list[JsonPathField] | None = None
+    exclude: list[JsonPathField] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> "FingerprintRule":
+        if self.fields is not None and self.exclude is not None:
+            raise ValueError("give either fields (an allowlist) or exclude, not both")
+        return self
+
+
+PLACEHOLDER_RE = re.compile(r"\{([a-z_]+(?:\.[A-Za-z0-9_.\-]+)?)\}")  # as the reconciler fills them
+_URL_PLACEHOLDERS = {"scheme", "host", "port", "netloc", "external_id", "idempotency_key", "operation_id", "submitted_at"}
+
+
+class ReconcileRule(StrictModel):
+    strategy: Literal["lookup", "search", "resend_with_key"]
+    method: Literal["GET", "HEAD"] = "GET"
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    items: JsonPathField | None = None
+    match: dict[str, str] = Field(default_factory=dict)
+    id: JsonPathField | None = None
+    settle: Duration = 0.0
+    attempts: int = Field(default=3, ge=1, le=100)
+    absent_means: Literal["safe_to_retry", "succeeded", "manual_review"] = "safe_to_retry"
+    timeout: Duration = 10.0
+    max_pages: int = Field(default=5, ge=1, le=100)
+    next_page: JsonPathField | None = None  # search: where the next page's URL is in a page
+    time_field: JsonPathField | None = None  # search: a candidate's creation time, to bound the window
+    window: Duration = 3600.0  # search: candidates created this long before or after submission
+
+    @field_validator("url")
+    @classmethod
+    def _known_placeholders(cls, url: str | None) -> str | None:
+        if url is None:
+            return url
+        for name in PLACEHOLDER_RE.findall(url):
+            if name not in _URL_PLACEHOLDERS and not name.startswith(("path.", "body.")):
+                raise ValueError(f"unknown placeholder {{{name}}} in url")
+        return url
+
+    @field_validator("match")
+    @classmethod
+    def _match_paths(cls, match: dict[str, str]) -> dict[str, str]:
+        for candidate, original in match.items():
+            compile_jsonpath(candidate)
+            compile_jsonpath(original)
+        return match
+
+    @model_validator(mode="after")
+    def _strategy_needs(self) -> "ReconcileRule":
+        if self.strategy in ("lookup", "search") and not self.url:
+            raise ValueError(f"strategy {self.strategy} needs a url")
+        if self.strategy == "search" and not self.match:
+            raise ValueError("strategy search needs match (candidate field: request field)")
+        if self.method == "HEAD" and (self.strategy == "search" or self.match or self.id is not None):
+            raise ValueError("method HEAD reads no body: it cannot search, match or find an id (use GET)")
+        return self
+
+    @cached_property
+    def match_paths(self) -> list[tuple[JsonPath, JsonPath]]:
+        return [(compile_jsonpath(c), compile_jsonpath(o)) for c, o in self.match.items()]
+
+
+class OperationRule(StrictModel):
+    name: str = Field(min_length=1)
+    method: str
+    path: str
+    fingerprint: FingerprintRule | None = None
+    external_id: str | None = None
+    retry_safe: bool = False
+    reconcile: ReconcileRule | None = None
+
+    @field_validator("method")
+    @classmethod
+    def _upper(cls, method: str) -> str:
+        method = method.upper()
+        if method not in MUTATING_METHODS:
+            raise ValueError(f"method {method!r} is not one the proxy journals ({', '.join(MUTATING_METHODS)})")
+        return method
+
+    @field_validator("path")
+    @classmethod
+    def _template(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"path template {path!r} must start with /")
+        compile_path_template(path)
+        return path
+
+    @field_validator("external_id")
+    @classmethod
+    def _external_id(cls, value: str | None) -> str | None:
+        if value is not None and not value.lower().startswith("header:"):
+            compile_jsonpath(value)
+        return value
+
+    @model_validator(mode="after")
+    def _reconcile_consistent(self) -> "OperationRule":
+        r = self.reconcile
+        if r and r.absent_means == "safe_to_retry" and not self.retry_safe and r.strategy != "resend_with_key":
+            # the default absent_means is only meaningful with retry_safe; without it absence goes to a person
+            object.__setattr__(self, "reconcile", r.model_copy(update={"absent_means": "manual_review"}))
+        if r and r.absent_means == "succeeded" and self.method != "DELETE":
+            raise ValueError("absent_means: succeeded is only allowed for DELETE")
+        if r and r.url:
+            params = set(compile_path_template(self.path).groupindex)
+            for name in PLACEHOLDER_RE.findall(r.url):
+                if name.startswith("path.") and name[5:] not in params:
+                    raise ValueError(f"reconcile url uses {{{name}}}, but path {self.path} has no {{{name[5:]}}}")
+        return self
+
+    @cached_property
+    def path_regex(self) -> re.Pattern[str]:
+        return compile_path_template(self.path)
+
+
+def compile_path_template(template: str) -> re.Pattern[str]:
+    """`/api/articles/{id}` -> a regex where each `{name}` matches exactly one path segment."""
+    parts = re.split(r"(\{[A-Za-z_][A-Za-z0-9_]*\})", template)
+    pattern = ""
+    seen: set[str] = set()
+    for part in parts:
+        if part.startswith("{") and part.endswith("}"):
+            name = part[1:-1]
+            if name in seen:
+                raise ValueError(f"path template {template!r} repeats {{{name}}}")
+            seen.add(name)
+            pattern += f"(?P<{name}>[^/]+)"
+        else:
+            if "{" in part or "}" in part:
+                raise ValueError(f"path template {template!r} has a malformed placeholder")
+            pattern += re.escape(part)
+    return re.compile(f"^{pattern}/?$")

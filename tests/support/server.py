@@ -1,0 +1,50 @@
+"""Loopback plumbing every test server shares: a free port, "is anything listening", and a threaded HTTP
+server on 127.0.0.1 (optionally behind TLS) that is quiet about clients that went away."""
+
+import socket
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accepts(port: int) -> bool:
+    """Whether something listens on this loopback port."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+class LoopbackServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that gave up (a proxy killed mid-request, a hang it stopped waiting for): expected here
+
+
+def serve(
+    handler: type[BaseHTTPRequestHandler], port: int = 0, ssl_context: ssl.SSLContext | None = None
+) -> tuple[LoopbackServer, threading.Thread]:
+    """`handler` served on 127.0.0.1:`port` (0: a free one) in a daemon thread; stop with `stop(server, thread)`."""
+    server = LoopbackServer(("127.0.0.1", port), handler)
+    if ssl_context is not None:
+        server.socket = ssl_context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def stop(server: ThreadingHTTPServer | None, thread: threading.Thread | None) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    if thread is not None:
+        thread.join(5)

@@ -1,0 +1,181 @@
+"""The journal addon and its handler in-process, as mitmproxy's own addons are tested: `taddons` configures the
+addon, `tflow` makes the flows, and a fake sender stands in for the upstream, so that every case of the request
+path runs in milliseconds against a real SQLite journal."""
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mitmproxy.test import taddons, tflow, tutils
+from support.e2e import migrate
+
+from proxy_addon.addon import METADATA_KEY, Receipts
+from proxy_addon.exceptions import JournalUnavailableError
+from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer
+from proxy_addon.store import ReceiptStore
+
+
+class FakeSender:
+    """Answers each send with the next scripted result, and remembers what it was asked to send."""
+
+    def __init__(self, *results: SendResult):
+        self.results = list(results)
+        self.sent: list[tuple[str, str, bytes]] = []
+        self.headers: list[dict[bytes, bytes]] = []
+
+    async def send_once(self, method: str, url: str, headers: Any, content: bytes, connect: float, read: float) -> SendResult:
+        self.sent.append((method, url, content))
+        self.headers.append({k.lower(): v for k, v in headers})
+        return self.results.pop(0)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def created(body: bytes = b'{"id": 7}', status: int = 201) -> SendResult:
+    return SendResult(SendEnd.ANSWERED, UpstreamAnswer(status, "Created", [(b"content-type", b"application/json")], body))
+
+
+def post(body: bytes = b'{"title": "hello"}', method: bytes = b"POST", path: bytes = b"/api/articles") -> Any:
+    req = tutils.treq(method=method, host="api.example.com", port=443, scheme=b"https", path=path, content=body,
+                      headers=((b"host", b"api.example.com"), (b"content-type", b"application/json")))
+    return tflow.tflow(req=req)
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """`journal(*results, **config)` -> (run, addon, sender): `run(flow)` passes the flow through the addon's
+    request hook in a taddons context; the addon journals into a migrated SQLite file."""
+    url = f"sqlite:///{tmp_path / 'receipts.db'}"
+    migrate(url)
+    stores: list[ReceiptStore] = []
+
+    def make(*results: SendResult, config: str = "") -> tuple[Callable[[Any], Any], Receipts, FakeSender]:
+        path = tmp_path / "config.yaml"
+        path.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n{config}")
+        addon, sender = Receipts(), FakeSender(*results)
+
+        def run(flow: Any) -> Any:
+            async def go() -> None:
+                with taddons.context(addon) as tctx:
+                    tctx.configure(addon, receipts_config=str(path), receipts_database_url=url)
+                    assert addon.handler is not None
+                    addon.handler.sender = sender  # type: ignore[assignment]
+                    await addon.request(flow)
+
+            asyncio.run(go())
+            return flow
+
+        stores.append(addon)  # type: ignore[arg-type]
+        return run, addon, sender
+
+    yield make
+    for addon in stores:
+        if addon.store is not None:  # type: ignore[attr-defined]
+            addon.store.close()  # type: ignore[attr-defined]
+            addon.store.engine.dispose()  # type: ignore[attr-defined]
+
+
+def states(addon: Receipts, operation_id: str) -> list[str]:
+    assert addon.store is not None
+    return [t.to_state for t in addon.store.receipts.history(operation_id)]
+
+
+def test_a_success_is_the_upstreams_answer_with_the_receipt(journal):
+    run, addon, sender = journal(created())
+    flow = run(post())
+    assert flow.response.status_code == 201 and flow.response.content == b'{"id": 7}'
+    op = flow.response.headers["X-Receipt-Id"]
+    assert flow.response.headers["X-Receipt-State"] == "succeeded" == flow.metadata[METADATA_KEY]["state"]
+    assert sender.sent == [("POST", "https://api.example.com/api/articles", b'{"title": "hello"}')]
+    assert states(addon, op) == ["planned", "submitted", "succeeded"]
+
+
+@pytest.mark.parametrize(
+    ("result", "status", "problem", "state"),
+    [
+        (SendResult(SendEnd.TIMEOUT, error="read timeout (30s)"), 504, "outcome-unknown", "outcome_unknown"),
+        (SendResult(SendEnd.RESET, error="reset"), 504, "outcome-unknown", "outcome_unknown"),
+        (created(b"{}", 503), 504, "outcome-unknown", "outcome_unknown"),
+        (SendResult(SendEnd.NOT_SENT, error="refused"), 502, "not-sent", "rejected"),
+    ],
+)
+def test_endings_the_proxy_answers_itself(journal, result, status, problem, state):
+    run, addon, _ = journal(result)
+    flow = run(post())
+    assert flow.response.status_code == status
+    assert flow.response.headers["Content-Type"] == "application/problem+json"
+    document = json.loads(flow.response.content)
+    assert document["type"].endswith(problem) and document["operation_id"] == flow.response.headers["X-Receipt-Id"]
+    assert states(addon, document["operation_id"])[-1] == state == flow.response.headers["X-Receipt-State"]
+
+
+def test_a_repeat_while_the_outcome_is_unknown_is_refused_and_not_sent(journal):
+    run, _, sender = journal(SendResult(SendEnd.TIMEOUT, error="read timeout"))
+    first = run(post())
+    again = run(post())
+    assert again.response.status_code == 409 and json.loads(again.response.content)["type"].endswith("duplicate-open")
+    assert again.response.headers["X-Receipt-Id"] == first.response.headers["X-Receipt-Id"]
+    assert len(sender.sent) == 1 and again.metadata[METADATA_KEY]["refused"] == "duplicate_open"
+
+
+def test_a_repeat_after_success_is_replayed(journal):
+    run, _, sender = journal(created())
+    first = run(post())
+    again = run(post())
+    assert again.response.status_code == 201 and json.loads(again.response.content) == {"id": 7}
+    assert again.response.headers["X-Receipt-Replayed"] == "true"
+    assert again.response.headers["X-Receipt-Id"] == first.response.headers["X-Receipt-Id"]
+    assert len(sender.sent) == 1
+
+
+def test_reads_and_unjournaled_methods_pass_through(journal):
+    run, addon, sender = journal()
+    flow = run(post(b"", method=b"GET"))
+    assert flow.response is None and sender.sent == [] and METADATA_KEY not in flow.metadata
+    assert addon.store is not None and addon.store.receipts.list() == []
+
+
+def test_a_journal_that_cannot_be_written_fails_closed(journal, monkeypatch):
+    run, addon, sender = journal()
+
+    def down(*_a: Any, **_kw: Any) -> None:
+        raise JournalUnavailableError("cannot write the journal: disk I/O error")
+
+    monkeypatch.setattr("proxy_addon.store.receipts.Receipts.record_and_submit", down)
+    flow = run(post())
+    assert flow.response.status_code == 503 and sender.sent == []
+    assert json.loads(flow.response.content)["type"].endswith("journal-unavailable")
+
+
+def test_fail_open_forwards_without_a_receipt(journal, monkeypatch):
+    run, _, sender = journal(config="proxy: {fail_open: true}\n")
+
+    def down(*_a: Any, **_kw: Any) -> None:
+        raise JournalUnavailableError("cannot write the journal: disk I/O error")
+
+    monkeypatch.setattr("proxy_addon.store.receipts.Receipts.record_and_submit", down)
+    flow = run(post())
+    assert flow.response is None and flow.metadata[METADATA_KEY] == {"fail_open": True} and sender.sent == []
+
+
+def test_a_bug_in_the_handler_fails_closed_too(journal, monkeypatch):
+    run, _, sender = journal()
+
+    def broken(*_a: Any, **_kw: Any) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr("proxy_addon.handler.build_intent", broken)
+    flow = run(post())
+    assert flow.response.status_code == 503 and "internal error: KeyError" in json.loads(flow.response.content)["detail"]
+    assert sender.sent == []
+
+
+def test_the_injected_idempotency_key_is_the_operation_id(journal):
+    run, _, sender = journal(created(), config="hosts: {api.example.com: {inject_idempotency_key: true}}\n")
+    flow = run(post())
+    assert flow.response.status_code == 201
+    assert sender.headers[0][b"idempotency-key"] == flow.response.headers["X-Receipt-Id"].encode()
