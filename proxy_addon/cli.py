@@ -217,11 +217,12 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
     config = _config(args)
     store = _store(args, config)
-    settings = admin_settings(config, listen_host=args.listen_host, listen_port=args.listen_port)
+    settings = admin_settings(config, listen_host=args.listen_host, listen_port=args.listen_port, enabled=True)
     server = AdminServer(config, store, settings=settings)
     try:
         server.start()
     except OSError as e:
+        store.engine.dispose()
         raise ReceiptsError(f"cannot listen on {settings.listen_host}:{settings.listen_port}: {e.strerror or e}") from e
     print(f"receipts admin on {server.url} (Ctrl-C stops it)", flush=True)
     stop = threading.Event()
