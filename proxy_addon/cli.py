@@ -19,6 +19,7 @@ from proxy_addon.config import ReceiptsConfig, admin_settings, load_config
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
 from proxy_addon.documents import LIST_COLUMNS, PUBLIC_COLUMNS, dumps, expand_states, receipt_document, show_document
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
+from proxy_addon.redaction import SecretFields, SecretHeaders
 from proxy_addon.review import resolve
 from proxy_addon.states import RESOLUTION_STATES
 from proxy_addon.store import ReceiptStore
@@ -212,6 +213,28 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_scrub(args: argparse.Namespace) -> int:
+    config = _config(args)
+    store = _store(args, config)
+
+    def rules(host: str, port: int) -> tuple[SecretHeaders, SecretFields]:
+        policy = config.policy_for(host, port)
+        return policy.redact_headers, policy.redact_fields
+
+    counts = store.scrub.run(rules, dry_run=args.dry_run)
+    if args.vacuum and not args.dry_run:
+        store.scrub.vacuum()
+    if args.json:
+        _print_json({**dataclasses.asdict(counts), "dry_run": args.dry_run})
+    else:
+        verb = "would change" if args.dry_run else "changed"
+        print(
+            f"{verb} {counts.receipts_changed} of {counts.receipts_read} receipts and "
+            f"{counts.transitions_changed} of {counts.transitions_read} history rows"
+        )
+    return EXIT_OK
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     from proxy_addon.admin.server import AdminServer
 
@@ -313,6 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("admin", cmd_admin, "serve the admin API, review page and /metrics (the config's admin section)")
     p.add_argument("--listen-host", default=None, help="default admin.listen_host (127.0.0.1)")
     p.add_argument("--listen-port", type=int, default=None, help="default admin.listen_port (8081)")
+
+    p = command("scrub", cmd_scrub, "redact secrets that earlier versions stored, with today's rules")
+    p.add_argument("--dry-run", action="store_true", help="count what would change, change nothing")
+    p.add_argument("--vacuum", action="store_true", help="then rewrite the database files (VACUUM), so no old byte stays on disk")
+    p.add_argument("--json", action="store_true")
 
     p = command("stats", cmd_stats, "counts per state and host, oldest open receipt's age")
     p.add_argument("--json", action="store_true")
