@@ -4,7 +4,8 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
     mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(handler.py); `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run beside it, each its own concern.
+(handler.py); `Admission` (requests to the proxy itself, bodies over proxy.max_body), `Heartbeat`,
+`InProxyReconciler` and `InProxyAdmin` run beside it, each its own concern.
 """
 
 import os
@@ -17,7 +18,7 @@ if __package__ in (None, "") and "proxy_addon" not in sys.modules:  # loaded by 
 
 from mitmproxy import ctx, exceptions, http
 
-from proxy_addon import answers
+from proxy_addon import admission, answers, bodylimit
 from proxy_addon.account import AccountHasher, load_or_create_key
 from proxy_addon.admin.server import InProxyAdmin
 from proxy_addon.answers import Answer
@@ -26,7 +27,7 @@ from proxy_addon.db import check_schema, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
 from proxy_addon.handler import JournalHandler
 from proxy_addon.intent import RequestFacts, split_query
-from proxy_addon.log import configure_logging, get_logger
+from proxy_addon.log import configure_logging, get_logger, scrub_standard_logging
 from proxy_addon.reconcile.worker import InProxyReconciler
 from proxy_addon.recovery import Heartbeat, new_instance_id
 from proxy_addon.sender import TLSSettings, UpstreamSender
@@ -51,6 +52,7 @@ class Receipts:
         self._failure: str | None = None
 
     def load(self, loader: Any) -> None:
+        scrub_standard_logging()  # mitmproxy's own lines too (a bad request line quotes the URL's userinfo)
         loader.add_option("receipts_config", str, "config.yaml", "Path of the receipts configuration file (YAML).")
         loader.add_option(
             "receipts_database_url",
@@ -116,8 +118,17 @@ class Receipts:
             return
         if self.handler is None or self.config is None or flow.request.method.upper() not in self.config.proxy.methods:
             return
+        max_body = self.config.proxy.max_body
+        facts = request_facts(flow, max_body)
+        refused = admission.refusal(flow, facts, max_body)
+        if refused is not None:
+            answer, reason = refused
+            log.info("request_refused", reason=reason, method=facts.method, host=facts.host)
+            flow.response = to_response(answer, flow)
+            flow.metadata[METADATA_KEY] = {"refused": reason}
+            return
         try:
-            outcome = await self.handler.handle(request_facts(flow))
+            outcome = await self.handler.handle(facts)
         except Exception as e:
             # mitmproxy would log a hook's exception and forward the request anyway: fail closed instead.
             log.exception("journaling_failed", method=flow.request.method, host=flow.request.pretty_host)
@@ -130,9 +141,10 @@ class Receipts:
             flow.response = to_response(outcome.answer, flow)
 
 
-def request_facts(flow: http.HTTPFlow) -> RequestFacts:
+def request_facts(flow: http.HTTPFlow, max_body: int = bodylimit.NO_LIMIT) -> RequestFacts:
     req = flow.request
     path, query = split_query(req.path)
+    body, _decoded = bodylimit.decoded_body(req, max_body)  # a Content-Encoding undone, up to max_body
     return RequestFacts(
         method=req.method.upper(),
         scheme=req.scheme,
@@ -142,7 +154,7 @@ def request_facts(flow: http.HTTPFlow) -> RequestFacts:
         query=query,
         headers=list(req.headers.items(multi=True)),
         content_type=req.headers.get("content-type"),
-        body=req.get_content(strict=False) or b"",
+        body=body,
         url=req.url,
         raw_headers=tuple(req.headers.fields),
         raw_body=req.raw_content or b"",
@@ -178,7 +190,8 @@ def _sender() -> UpstreamSender:
 def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
-    return [journal, Heartbeat(journal), InProxyReconciler(journal), InProxyAdmin(journal)]
+    admin = InProxyAdmin(journal)
+    return [journal, admission.Admission(journal, admin, to_response), Heartbeat(journal), InProxyReconciler(journal), admin]
 
 
 addons = make_addons()

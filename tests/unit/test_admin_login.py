@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from support.proxy import REPO
 from structlog.testing import capture_logs
+from support.proxy import REPO
 
 from proxy_addon.admin.app import create_app
 from proxy_addon.admin.guards import LOGIN_COOKIE, LoginSessions, safe_next
