@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-from sqlalchemy import update
 from support.e2e import pg_rows_as_text
 from support.store import intent, recorded, walk
 
