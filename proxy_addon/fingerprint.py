@@ -230,6 +230,9 @@ def identity_pairs(pairs: list[tuple[str, str]], redact_fields: frozenset[str], 
 
 
 def _multipart_identity(content_type: str, body: bytes, redact_fields: frozenset[str], keyed: Keyed) -> BodyIdentity:
+    boundary = content_type.partition("boundary=")[2].split(";")[0].strip().strip('"').encode("latin-1", "replace")
+    if boundary and body.count(b"--" + boundary) > MAX_ITEMS:
+        return _unparsed_identity(body, f"multipart body of over {MAX_ITEMS} parts; fingerprinted as bytes", keyed)
     try:
         parts = decode_multipart(content_type, body)
     except ValueError:  # a part without the blank line that ends its headers

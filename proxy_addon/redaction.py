@@ -74,6 +74,7 @@ def is_rotating_header(name: str) -> bool:
     return n in ROTATING_HEADER_NAMES or any(p in n for p in ROTATING_PARTS)
 
 
+@lru_cache(maxsize=4096)
 def is_secret_header(name: str, extra: frozenset[str] = frozenset()) -> bool:
     """Whether a header's value is a secret (`extra`: the configured `redact_headers`)."""
     n = name.lower()
@@ -97,6 +98,7 @@ def is_rotating_field(name: str) -> bool:
     return any(p in k for p in ROTATING_PARTS)
 
 
+@lru_cache(maxsize=4096)
 def is_secret_field(name: str, extra: frozenset[str] = frozenset()) -> bool:
     """Whether a query parameter, body field or multipart part holds a secret (`extra`: the configured
     `redact_fields`)."""
