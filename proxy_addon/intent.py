@@ -64,7 +64,9 @@ def build_intent(
     query = redact_query(facts.query, policy.redact_fields)
     identity_query = identity_pairs(facts.query, policy.redact_fields, hasher.digest)
     fingerprint = intent_fingerprint(facts.method, facts.host, facts.port, facts.path, identity_query, body)
-    account = hasher.account_of(facts.headers, policy.redact_headers)
+    # the host's idempotency key header is the agent's key for one write, never its credential
+    key_header = policy.idempotency_key_header.lower()
+    account = hasher.account_of([(n, v) for n, v in facts.headers if n.lower() != key_header], policy.redact_headers)
     stored = body.stored
     intent = Intent(
         operation_id=operation_id,

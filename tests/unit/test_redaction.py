@@ -175,6 +175,15 @@ def test_secret_query_parameters_count_through_the_key():
     assert a.query == b.query == "access_token=%5BREDACTED%5D&page=1"
 
 
+def test_a_hosts_own_idempotency_key_header_names_no_account():
+    policy = parse_config("defaults: {idempotency_key_header: X-Request-Key}").policy_for("api.example.com", 443)
+    a, b = (
+        build_intent(_facts(b"{}", headers=[("X-Request-Key", key), ("Authorization", "a")]), policy, HASHER, "i", 100, key, "op")[0]
+        for key in ("k1", "k2")
+    )
+    assert a.account == b.account and a.intent_fingerprint == b.intent_fingerprint  # a retry with a fresh key is refused
+
+
 def test_two_tenants_with_the_same_body_are_two_accounts():
     a = intent_of(_facts(b'{"x": 1}', headers=[("x-goog-api-key", "tenant-a")]))
     b = intent_of(_facts(b'{"x": 1}', headers=[("x-goog-api-key", "tenant-b")]))
@@ -244,3 +253,34 @@ def test_random_documents_never_store_a_secret_and_their_secrets_count(case, val
     target = ("POST", "api.example.com", 443, "/x", [])
     assert (intent_fingerprint(*target, a) == intent_fingerprint(*target, b)) is (value == other)
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", intent_fingerprint(*target, a))
+
+
+# -- errors and the log -------------------------------------------------------------------------------------
+
+
+def test_the_senders_error_becomes_the_receipts_without_the_data_it_quotes():
+    """One place turns the sender's error text into the receipt's error (verdicts.classify_outcome)."""
+    from proxy_addon.sender import SendEnd, SendResult
+    from proxy_addon.verdicts import classify_outcome
+
+    for end in (SendEnd.NOT_SENT, SendEnd.RESET):
+        result = SendResult(end, error="LocalProtocolError: Illegal header value b'Bearer s3cr3t-6d1\\x00'")
+        verdict = classify_outcome(result, POLICY, None)
+        assert "s3cr3t-6d1" not in verdict.error_message and "Illegal header value" in verdict.error_message
+    url = SendResult(SendEnd.NOT_SENT, error="ValueError: no host in 'http://user:pw-6d1@/x?access_token=t-6d1'")
+    assert "6d1" not in classify_outcome(url, POLICY, None).error_message
+
+
+def test_structlog_lines_are_scrubbed():
+    import io
+
+    from proxy_addon.log import configure_logging, get_logger
+
+    stream = io.StringIO()
+    configure_logging("info", "json", stream)
+    try:
+        get_logger("receipts.test").error("failed", error="Authorization: Bearer tok-5e2", url="http://u:pw-5e2@h/?key=k-5e2")
+    finally:
+        configure_logging("info", "json")
+    line = json.loads(stream.getvalue())
+    assert "5e2" not in stream.getvalue() and line["event"] == "failed" and "Authorization" in line["error"]
