@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from proxy_addon.db import DEFAULT_DATABASE_URL, anchor_sqlite_url
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.operations import MUTATING_METHODS, OperationRule
 from proxy_addon.units import Duration, Size, StrictModel
@@ -166,7 +167,7 @@ class ReceiptsConfig(StrictModel):
     reconcile: ReconcileSettings = ReconcileSettings()
     admin: AdminSettings = AdminSettings()
     logging: LoggingSettings = LoggingSettings()
-    secret_file: str = ".receipts-secret"
+    secret_file: str = ".receipts-secret"  # relative to the config file's directory (load_config)
 
     @model_validator(mode="before")
     @classmethod
@@ -215,7 +216,10 @@ class ReceiptsConfig(StrictModel):
 
 
 def load_config(path: str | Path) -> ReceiptsConfig:
-    """Read and validate a config file; any problem is one ConfigError line naming the file and the key."""
+    """Read and validate a config file; any problem is one ConfigError line naming the file and the key.
+
+    Relative paths in it (a `sqlite:///relative.db` URL, `secret_file`, and their defaults) are made absolute
+    against the file's own directory, so every command finds the same database wherever it is run from."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -223,10 +227,20 @@ def load_config(path: str | Path) -> ReceiptsConfig:
         raise ConfigError(f"{path}: config file not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read config file: {e}") from None
-    return parse_config(text, source=str(path))
+    return parse_config(text, source=str(path), base_dir=path.absolute().parent)
 
 
-def parse_config(text: str, source: str = "config") -> ReceiptsConfig:
+def anchor_paths(config: ReceiptsConfig, base_dir: Path) -> ReceiptsConfig:
+    """The config with its relative paths taken from `base_dir`: `database.url` (a relative SQLite file; when
+    unset, the default `sqlite:///receipts.db`) and `secret_file`. `RECEIPTS_DATABASE_URL` is not touched."""
+    database = config.database.model_copy(update={"url": anchor_sqlite_url(config.database.url or DEFAULT_DATABASE_URL, base_dir)})
+    secret_file = str(base_dir / Path(config.secret_file).expanduser())
+    anchored = config.model_copy(update={"database": database, "secret_file": secret_file})
+    object.__setattr__(anchored, "_policies", {})  # not the original's cache
+    return anchored
+
+
+def parse_config(text: str, source: str = "config", base_dir: Path | None = None) -> ReceiptsConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -239,9 +253,10 @@ def parse_config(text: str, source: str = "config") -> ReceiptsConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of keys (database, defaults, hosts, ...)")
     try:
-        return ReceiptsConfig.model_validate(data)
+        config = ReceiptsConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"{source}: {describe_validation_error(e)}") from None
+    return config if base_dir is None else anchor_paths(config, base_dir)
 
 
 def admin_settings(config: ReceiptsConfig, **overrides: Any) -> AdminSettings:
