@@ -13,12 +13,25 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, NoReturn
 
 from proxy_addon.config import ReceiptsConfig, admin_settings, load_config
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
-from proxy_addon.documents import LIST_COLUMNS, PUBLIC_COLUMNS, dumps, expand_states, receipt_document, show_document
+from proxy_addon.documents import (
+    LIST_COLUMNS,
+    PUBLIC_COLUMNS,
+    HostFilter,
+    dumps,
+    expand_states,
+    host_query,
+    parse_host_filter,
+    receipt_document,
+    show_document,
+)
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
+from proxy_addon.journaled import BodyView, body_lines, body_summary, fold, netloc, reconcile_reads, request_view, response_view
+from proxy_addon.records import ReceiptRecord
 from proxy_addon.review import resolve
 from proxy_addon.states import RESOLUTION_STATES
 from proxy_addon.store import ReceiptStore
@@ -56,20 +69,24 @@ def _age(since: datetime | None) -> str:
     return f"{seconds}s"
 
 
-def _plain(value: Any) -> Any:
-    return value
-
-
 _UNBROKEN_COLUMNS = frozenset({"operation_id", "blocking_operation_id"})
 _PIPED_WIDTH = 240
 
 
-def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), *range(0x7F, 0xA0)] if chr(c) not in "\t\n"}
 
-    cells = [["" if v is None else str(v) for v in row] for row in rows]
-    table = Table(title=title, show_lines=False)
+
+def _printable(value: Any) -> str:
+    """A cell as plain text: control characters (an escape sequence in a journaled body) shown as `\\x1b`."""
+    return "" if value is None else str(value).translate(_CONTROL)
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], lines: bool = False, header: bool = True) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    cells = [[_printable(v) for v in row] for row in rows]
+    table = Table(title=Text(title), show_lines=lines, show_header=header)
     for i, c in enumerate(columns):
         # ids are copied and grepped: never broken across lines; the rest folds to fit
         if c in _UNBROKEN_COLUMNS:
@@ -77,9 +94,15 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
         else:
             table.add_column(c, overflow="fold")
     for row in cells:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))  # Text: a `[bold]` in a path or a body is not markup
     # a terminal's own width; piped output (grep, less, a file) as wide as the table needs
-    Console(width=None if sys.stdout.isatty() else _PIPED_WIDTH).print(table)
+    _console().print(table)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else _PIPED_WIDTH, highlight=False)
 
 
 # -- commands -----------------------------------------------------------------------------------------------
@@ -139,21 +162,37 @@ async def _run_proxy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# `receipts ls`: how a field is shown in the table (the rest as it is)
+_LIST_SHOWN: dict[str, Callable[[ReceiptRecord], Any]] = {
+    "created_at": lambda r: _age(r.created_at),
+    "host": lambda r: netloc(r.scheme, r.host, r.port),  # with its port when not the scheme's default
+}
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     store = _store(args)
     states = expand_states([args.state]) if args.state else None
     older = timedelta(seconds=parse_duration(args.older_than)) if args.older_than else None
-    rows = store.receipts.list(states=states, host=args.host, older_than=older, limit=args.limit)
+    rows = store.receipts.list(states=states, older_than=older, limit=args.limit, **host_query(args.host))
     if args.json:
         _print_json([receipt_document(r) for r in rows])
         return EXIT_OK
-    shown = {"created_at": _age}
+    if not rows:
+        # a filter with a typo in it must not look like an empty journal
+        print(f"0 receipts{_filters_said(args)}")
+        return EXIT_OK
     _table(
-        f"receipts ({len(rows)})",
+        f"receipts ({len(rows)}){_filters_said(args)}",
         list(LIST_COLUMNS),
-        [[shown.get(field, _plain)(getattr(r, field)) for field in LIST_COLUMNS.values()] for r in rows],
+        [[_LIST_SHOWN.get(field, lambda r, f=field: getattr(r, f))(r) for field in LIST_COLUMNS.values()] for r in rows],
     )
     return EXIT_OK
+
+
+def _filters_said(args: argparse.Namespace) -> str:
+    said = [f"{flag} {value}" for flag, value in
+            (("--state", args.state), ("--host", args.host), ("--older-than", args.older_than)) if value]
+    return f" matching {' '.join(said)}" if said else ""
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -168,11 +207,87 @@ def cmd_show(args: argparse.Namespace) -> int:
         ["field", "value"],
         [(c, getattr(receipt, c)) for c in PUBLIC_COLUMNS if getattr(receipt, c) is not None],
     )
+    request = request_view(receipt)
+    _exchange_table(
+        "request, as journaled (secrets redacted when it was recorded)",
+        f"{request.method} {request.url}",
+        request.headers,
+        request.body,
+        receipt.operation_id,
+    )
+    response = response_view(receipt)
+    if response is not None:
+        _exchange_table("the upstream's answer, as stored", f"status {response.status_code}", response.headers,
+                        response.body, receipt.operation_id)
+    reads = reconcile_reads(history)
+    if reads:
+        _table(
+            "reconciler's reads",
+            ["recorded_at", "read", "status", "result", "to"],
+            [(r.recorded_at.isoformat(), f"{r.method} {r.url}", r.status if r.error is None else r.error,
+              r.result or "-", r.to_state) for r in reads],
+        )
     _table(
         "history",
         ["recorded_at", "from", "to", "detail"],
         [(t.recorded_at.isoformat(), t.from_state or "-", t.to_state, json.dumps(t.detail)) for t in history],
     )
+    return EXIT_OK
+
+
+def _exchange_table(title: str, first: str, headers: dict[str, str], body: BodyView, operation_id: str) -> None:
+    folded = fold(body_lines(body))
+    shown = folded.head
+    if folded.rest:
+        shown += f"\n... {folded.more} folded: `receipts show {operation_id} --json` has it all"
+    rows = [("", first), ("headers", "\n".join(f"{k}: {v}" for k, v in headers.items()) or "-"), ("body", body_summary(body))]
+    if shown:
+        rows.append(("", shown))
+    _table(title, ["part", "value"], rows, lines=True, header=False)
+
+
+CA_CERT_NAME = "mitmproxy-ca-cert.pem"  # what mitmproxy writes into its confdir on its first start
+CA_VARIABLES = (
+    ("SSL_CERT_FILE", "OpenSSL: Python's ssl, httpx, aiohttp"),
+    ("REQUESTS_CA_BUNDLE", "requests"),
+    ("CURL_CA_BUNDLE", "curl (Debian's curl reads this, not SSL_CERT_FILE)"),
+    ("NODE_EXTRA_CA_CERTS", "Node.js"),
+)
+CHECK_URL = "https://receipts-check.invalid/"  # never resolves (RFC 2606): the proxy answers 502 not_sent itself
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """The exports that point a shell, and the agent it starts, at the proxy: `eval "$(receipts env)"`."""
+    import shlex
+
+    from mitmproxy.options import CONF_DIR
+
+    host = args.listen_host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"  # a proxy listening everywhere is reached on loopback from this machine
+    proxy = f"http://{f'[{host}]' if ':' in host else host}:{args.listen_port}"
+    confdir = Path(args.confdir or CONF_DIR).expanduser().absolute()
+    ca = shlex.quote(str(confdir / CA_CERT_NAME))
+    lines = [
+        f"# receipts env: point this shell, and the agent it starts, at the receipts proxy {proxy}",
+        '# use: eval "$(receipts env)", with the --listen-host, --listen-port and --confdir given to receipts proxy',
+        *(f"export {name}={proxy}" for name in ("HTTP_PROXY", "HTTPS_PROXY")),
+        f"export http_proxy={proxy}  # curl reads only the lowercase one for http:// URLs",
+        f"export https_proxy={proxy}",
+        f"# HTTPS: trust mitmproxy's CA ({confdir} holds it once the proxy has started)",
+        *(f"export {name}={ca}  # {who}" for name, who in CA_VARIABLES),
+        "# Node.js fetch ignores the proxy variables unless told: Node 24 and later (22.21 and later): NODE_USE_ENV_PROXY=1;",
+        "#   Node 20: npm install undici@7, and in the agent before its first request:",
+        "#   import { EnvHttpProxyAgent, setGlobalDispatcher } from 'undici'; setGlobalDispatcher(new EnvHttpProxyAgent());",
+        "# Hosts listed in NO_PROXY or no_proxy bypass the proxy: their writes are not journaled.",
+        "# Check that a client goes through the proxy (it prints x-receipt-id; nothing is sent anywhere, the proxy",
+        "# answers 502 not_sent itself and keeps a rejected receipt of it):",
+        f"#   curl -sS -o /dev/null -D - -X POST {CHECK_URL} | grep -i '^x-receipt-id'",
+    ]
+    print("\n".join(lines))
+    if not (confdir / CA_CERT_NAME).exists():
+        print(f"receipts env: {confdir / CA_CERT_NAME} does not exist yet: start the proxy once (make run) to create it",
+              file=sys.stderr)
     return EXIT_OK
 
 
@@ -251,6 +366,13 @@ def _duration_arg(text: str) -> str:
     return text
 
 
+def _host_arg(text: str) -> HostFilter:
+    try:
+        return parse_host_filter(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _state_arg(text: str) -> str:
     try:
         expand_states([text])
@@ -285,6 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssl-insecure", action="store_true", help="do not verify upstream TLS certificates")
     p.add_argument("--set", action="append", metavar="OPTION=VALUE", help="any mitmproxy option")
 
+    p = command("env", cmd_env, "print the shell exports that point an agent at the proxy (HTTP(S)_PROXY, the CA variables)")
+    p.add_argument("--listen-host", default="127.0.0.1", help="the proxy's address, as given to receipts proxy")
+    p.add_argument("--listen-port", type=int, default=8080)
+    p.add_argument("--confdir", default=None, help="mitmproxy's directory for its CA, as given to receipts proxy (default ~/.mitmproxy)")
+
     p = command("reconcile", cmd_reconcile, "resolve outcome_unknown receipts by reading the upstream")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="one pass over the queue, then exit")
@@ -292,12 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("ls", cmd_ls, "list receipts, newest first")
     p.add_argument("--state", type=_state_arg, help="a state, or open, or unknown (outcome_unknown, reconciling, manual_review)")
-    p.add_argument("--host")
+    p.add_argument("--host", type=_host_arg, help="a host, or host:port ([::1]:8080 for IPv6)")
     p.add_argument("--older-than", type=_duration_arg, help="only receipts created longer ago than this (e.g. 10m)")
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--json", action="store_true")
 
-    p = command("show", cmd_show, "one receipt with its whole transition history")
+    p = command("show", cmd_show, "one receipt: the request as journaled, the stored answer, the reconciler's reads, its history")
     p.add_argument("id")
     p.add_argument("--json", action="store_true")
 

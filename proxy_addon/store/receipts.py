@@ -231,13 +231,16 @@ class Receipts:
         host: str | None = None,
         older_than: timedelta | None = None,
         limit: int | None = 100,
+        port: int | None = None,
     ) -> list[ReceiptRecord]:
-        """Newest first."""
+        """Newest first; `host` with `port` (when given) is the target as `receipts ls --host host:port` names it."""
         q = select(receipts).order_by(receipts.c.created_at.desc(), receipts.c.operation_id.desc())
         if states:
             q = q.where(receipts.c.state.in_([State(s).value for s in states]))
         if host:
             q = q.where(receipts.c.host == host.lower())
+        if port is not None:
+            q = q.where(receipts.c.port == port)
         if older_than is not None:
             q = q.where(receipts.c.created_at <= utcnow() - older_than)
         if limit is not None:

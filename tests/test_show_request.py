@@ -1,0 +1,179 @@
+"""The request as journaled, where a person reads it (issue 14): `receipts show`, `GET /receipts/{id}` and the
+review page show the method, the URL with its redacted query, the redacted headers and the body (JSON
+pretty-printed, form fields, or "N bytes of binary"), the upstream's stored answer and the reconciler's reads;
+long bodies folded, everything escaped, and never a secret, checked with secrets sent through a real proxy."""
+
+import dataclasses
+import json
+import re
+
+import httpx
+import pytest
+from sqlalchemy import update
+from support.store import intent, recorded, walk
+
+from proxy_addon.admin.app import create_app
+from proxy_addon.cli import main
+from proxy_addon.config import parse_config
+from proxy_addon.db import make_engine
+from proxy_addon.states import State
+from proxy_addon.store import ReceiptStore
+from proxy_addon.store.receipts import receipts
+from tests.conftest import migrate
+from tests.support.proxy import start_inprocess_proxy
+from tests.support.upstream import start_upstream
+
+SECRETS = {
+    "query": "QS-SECRET-1",
+    "authorization": "AUTH-SECRET-2",
+    "cookie": "COOKIE-SECRET-3",
+    "x-api-key": "KEY-SECRET-4",
+    "password": "PW-SECRET-5",
+    "nested token": "TOK-SECRET-6",
+    "form password": "FORM-SECRET-7",
+    "upstream's token": "resp-secret-token",  # tests/support/upstream.py answers with it
+    "upstream's cookie": "upstream-cookie-secret",
+}
+
+
+@pytest.fixture
+def sqlite_store(sqlite_url):
+    migrate(sqlite_url)
+    engine = make_engine(sqlite_url)
+    yield ReceiptStore(engine)
+    engine.dispose()
+
+
+def config_text(tmp_path) -> str:
+    return f"secret_file: {tmp_path / 'secret'}\n"
+
+
+def made(store: ReceiptStore, target: State, **fields) -> str:
+    rec = recorded(store, dataclasses.replace(intent(), **fields))
+    walk(store, rec.operation_id, target)
+    return rec.operation_id
+
+
+def test_a_secret_sent_through_a_real_proxy_is_in_no_output(sqlite_url, tmp_path, monkeypatch, capsys):
+    migrate(sqlite_url)
+    config = tmp_path / "config.yaml"
+    config.write_text(config_text(tmp_path))
+    upstream = start_upstream()
+    proxy = start_inprocess_proxy(config, sqlite_url, tmp_path / "confdir")
+    try:
+        with httpx.Client(proxy=proxy.url, trust_env=False, timeout=10) as agent:
+            answer = agent.post(
+                f"{upstream.base}/api/charges?token={SECRETS['query']}&currency=EUR",
+                headers={"Authorization": f"Bearer {SECRETS['authorization']}", "Cookie": f"sid={SECRETS['cookie']}",
+                         "X-Api-Key": SECRETS["x-api-key"]},
+                json={"amount": 4200, "password": SECRETS["password"], "card": {"token": SECRETS["nested token"]}},
+            )
+            form = agent.post(f"{upstream.base}/status/503/signup",
+                              data={"user": "ana", "password": SECRETS["form password"]})
+    finally:
+        proxy.stop()
+        upstream.stop()
+    assert answer.status_code == 201 and form.status_code == 504
+    ops = [answer.headers["X-Receipt-Id"], form.headers["X-Receipt-Id"]]
+
+    monkeypatch.setenv("RECEIPTS_DATABASE_URL", sqlite_url)
+    outputs = []
+    for op in ops:
+        for json_flag in ([], ["--json"]):
+            assert main(["show", op, *json_flag, "--config", str(config)]) == 0
+            outputs.append(capsys.readouterr().out)
+    engine = make_engine(sqlite_url)
+    try:
+        client = create_app(parse_config(config_text(tmp_path)), ReceiptStore(engine)).test_client()
+        for op in ops:
+            outputs.append(client.get(f"/receipts/{op}").get_data(as_text=True))
+            outputs.append(client.get(f"/ui/receipts/{op}").get_data(as_text=True))
+    finally:
+        engine.dispose()
+
+    for output in outputs:
+        for where, secret in SECRETS.items():
+            assert secret not in output, f"the {where} secret is shown"
+        assert "REDACTED" in output
+    table, document, _, _, api, page = outputs[0], json.loads(outputs[1]), outputs[2], outputs[3], outputs[4], outputs[5]
+    assert '"amount": 4200,' in table and "authorization: [REDACTED]" in table and "set-cookie: [REDACTED]" in table
+    assert document["request"]["body"]["document"]["amount"] == 4200
+    assert document["request"]["url"].startswith("http://127.0.0.1:") and "currency=EUR" in document["request"]["url"]
+    assert document["response"]["status_code"] == 201
+    assert json.loads(api) == document
+    assert "&#34;amount&#34;: 4200," in page or '"amount": 4200,' in page
+    assert "user = ana" in outputs[2] and "password = [REDACTED]" in outputs[2]
+
+
+def test_the_page_shows_the_request_the_answer_and_the_reads(sqlite_store, tmp_path):
+    op = made(sqlite_store, State.OUTCOME_UNKNOWN, scheme="http", host="127.0.0.1", port=18112, query="a=1&token=%5BREDACTED%5D",
+              request_headers={"content-type": "application/json", "authorization": "[REDACTED]"},
+              request_body=b'{"amount":4200,"currency":"EUR"}', request_body_size=40)
+    sqlite_store.receipts.transition(op, State.OUTCOME_UNKNOWN, State.RECONCILING, {"who": "worker-1"})
+    read = {"method": "GET", "url": "http://127.0.0.1:18112/charges?q=<b>x</b>", "status": 200, "elapsed_ms": 8.1}
+    sqlite_store.receipts.transition(
+        op, State.RECONCILING, State.MANUAL_REVIEW,
+        {"who": "worker-1", "strategy": "search", "result": "ambiguous", "reads": [read], "reason": "2 records match"},
+    )
+    client = create_app(parse_config(config_text(tmp_path)), sqlite_store).test_client()
+    html = client.get(f"/ui/receipts/{op}").get_data(as_text=True)
+    assert "POST 127.0.0.1:18112/api/articles</h1>" in html
+    assert "http://127.0.0.1:18112/api/articles?a=1&amp;token=%5BREDACTED%5D" in html
+    assert "<th>authorization</th><td class=\"mono\">[REDACTED]</td>" in html
+    body = re.search(r'<pre class="body" id="request-body">(.*?)</pre>', html, re.S).group(1)
+    assert body == '{\n  &#34;amount&#34;: 4200,\n  &#34;currency&#34;: &#34;EUR&#34;\n}'
+    assert "Body: JSON, 40 bytes" in html
+    assert 'id="response"' not in html  # no answer stored
+    reads = re.search(r'<table id="reads">(.*?)</table>', html, re.S).group(1)
+    assert "GET http://127.0.0.1:18112/charges?q=&lt;b&gt;x&lt;/b&gt;" in reads and "ambiguous" in reads
+    assert "2 records match" in reads and "8.1 ms" in reads
+
+
+def test_the_page_folds_long_bodies_and_escapes_everything(sqlite_store, tmp_path):
+    evil = '<script>alert("body")</script>'
+    long = {f"field_{i:03}": evil if i == 99 else i for i in range(100)}
+    op = made(sqlite_store, State.MANUAL_REVIEW, request_headers={"content-type": "application/json", "x-evil": "<img src=x>"},
+              request_body=json.dumps(long).encode(), request_body_size=2000)
+    done = made(sqlite_store, State.SUCCEEDED, request_headers={"content-type": "application/octet-stream"},
+                request_body=bytes(range(256)), request_body_size=256)
+    client = create_app(parse_config(config_text(tmp_path)), sqlite_store).test_client()
+    html = client.get(f"/ui/receipts/{op}").get_data(as_text=True)
+    assert "<script" not in html and "<img" not in html
+    assert "&lt;img src=x&gt;" in html and "&lt;script&gt;alert(" in html
+    head = re.search(r'<pre class="body" id="request-body">(.*?)</pre>', html, re.S).group(1)
+    assert head.count("\n") == 29 and "field_027" in head and "field_099" not in head
+    folded = re.search(r'<details class="fold"><summary>show the rest: 72 more lines</summary><pre class="body">(.*?)</pre>',
+                       html, re.S)
+    assert folded and "field_099" in folded.group(1) and "&lt;script&gt;" in folded.group(1)
+    html = client.get(f"/ui/receipts/{done}").get_data(as_text=True)
+    assert "256 bytes of binary" in html and "Body: binary, 256 bytes" in html
+
+
+def test_the_page_shows_a_stored_form_and_a_stored_answer(sqlite_store, tmp_path):
+    op = made(sqlite_store, State.REJECTED, request_headers={"content-type": "application/x-www-form-urlencoded"},
+              request_body=b"user=ana&password=%5BREDACTED%5D", request_body_size=30)
+    with sqlite_store.engine.begin() as conn:  # the answer as verdicts.storable_response keeps it
+        conn.execute(update(receipts).where(receipts.c.operation_id == op).values(
+            status_code=422, response_headers={"content-type": "application/json", "set-cookie": "[REDACTED]"},
+            response_body=b'{"error":"user exists","token":"[REDACTED]"}'))
+    client = create_app(parse_config(config_text(tmp_path)), sqlite_store).test_client()
+    html = client.get(f"/ui/receipts/{op}").get_data(as_text=True)
+    assert "user = ana\npassword = [REDACTED]" in html and "form, 30 bytes, 2 fields" in html
+    answer = re.search(r'<div class="card exchange" id="response">(.*?)</div>', html, re.S).group(1)
+    assert "<b>422</b>" in answer and "set-cookie" in answer and "&#34;error&#34;: &#34;user exists&#34;" in answer
+    document = client.get(f"/receipts/{op}").get_json()
+    assert document["response"]["body"]["document"] == {"error": "user exists", "token": "[REDACTED]"}
+
+
+def test_the_api_and_the_page_filter_by_host_and_port(sqlite_store, tmp_path):
+    a = made(sqlite_store, State.OUTCOME_UNKNOWN, scheme="http", host="127.0.0.1", port=18112)
+    b = made(sqlite_store, State.OUTCOME_UNKNOWN, scheme="http", host="127.0.0.1", port=18113)
+    client = create_app(parse_config(config_text(tmp_path)), sqlite_store).test_client()
+    assert [r["operation_id"] for r in client.get("/receipts?host=127.0.0.1:18112").get_json()] == [a]
+    assert {r["operation_id"] for r in client.get("/receipts?host=127.0.0.1").get_json()} == {a, b}
+    r = client.get("/receipts?host=127.0.0.1:http")
+    assert r.status_code == 400 and "host" in r.get_json()["detail"]
+    html = client.get("/?host=127.0.0.1:18113").get_data(as_text=True)
+    assert b in html and a not in html and "127.0.0.1:18113</td>" in html
+    html = client.get("/?host=127.0.0.1:18119").get_data(as_text=True)
+    assert "no receipt matches state open, host 127.0.0.1:18119." in html
