@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.e2e import open_store, self_signed_server_context, start_upstream_on, tag
 from support.e2e import migrate as migrate_url
+from support.e2e import open_store, self_signed_server_context, start_upstream_on, tag
 from support.proxy import REPO, start_inprocess_proxy
 
 from tests.conftest import IN_CI
