@@ -100,7 +100,12 @@ def openapi_document() -> dict[str, Any]:
                             "style": "form",
                             "explode": True,
                         },
-                        {"name": "host", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "host",
+                            "in": "query",
+                            "description": "a host, or `host:port` (`[::1]:8080` for IPv6); without a port, every port",
+                            "schema": {"type": "string", "examples": ["api.example.com", "127.0.0.1:18112"]},
+                        },
                         {
                             "name": "older_than",
                             "in": "query",
