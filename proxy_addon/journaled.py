@@ -101,11 +101,12 @@ def body_view(stored: bytes | None, size: int | None, truncated: bool, note: str
         return BodyView(kind="empty", text=None, document=None, form=None, **common)
     if text is None:
         return BodyView(kind="binary", text=None, document=None, form=None, **common)
-    try:
-        return BodyView(kind="json", text=text, document=json.loads(text), form=None, **common)
-    except ValueError:
-        pass
     mime = (content_type or "").split(";", 1)[0].strip().lower()
+    if mime == "application/json" or mime.endswith("+json") or text.lstrip()[:1] in ("{", "["):  # as fingerprint.py sniffs
+        try:
+            return BodyView(kind="json", text=text, document=json.loads(text), form=None, **common)
+        except ValueError:
+            pass
     if mime == "application/x-www-form-urlencoded":
         try:
             pairs = parse_qsl(text, keep_blank_values=True, strict_parsing=True)

@@ -177,3 +177,28 @@ def test_the_api_and_the_page_filter_by_host_and_port(sqlite_store, tmp_path):
     assert b in html and a not in html and "127.0.0.1:18113</td>" in html
     html = client.get("/?host=127.0.0.1:18119").get_data(as_text=True)
     assert "no receipt matches state open, host 127.0.0.1:18119." in html
+
+
+@pytest.mark.parametrize("content_type, stored, kind", [
+    ("application/json", b'{"a":1}', "json"),
+    ("text/plain", b'[1, 2]', "json"),  # JSON declared as something else: the proxy canonicalised it as JSON
+    ("application/problem+json", b'"quoted"', "json"),
+    ("text/plain", b"42", "text"),
+    ("application/x-www-form-urlencoded", b"a=1&b=", "form"),
+    ("application/x-www-form-urlencoded", b"not a form", "text"),
+    (None, b"caf\xc3\xa9", "text"),
+    (None, b"\x00\x01", "binary"),
+    (None, b"", "empty"),
+])
+def test_body_kinds(content_type, stored, kind):
+    from proxy_addon.journaled import body_view
+
+    assert body_view(stored, len(stored), False, None, content_type).kind == kind
+
+
+def test_a_cap_that_cut_a_character_in_two_is_still_text():
+    from proxy_addon.journaled import body_lines, body_view
+
+    body = body_view("é".encode() * 3 + b"\xc3", 100, True, None, "text/plain")
+    assert (body.kind, body_lines(body)) == ("text", ["ééé"])
+    assert body_view(b"\xc3" + b"abcdef", 7, True, None, None).kind == "binary"  # not at the cut: binary
