@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 from support.e2e import open_store, tag
-from support.proxy import REPO, accepts, free_port
+from support.proxy import REPO
+from support.server import accepts, free_port
 from support.upstream import start_upstream
 
 from tests.conftest import IN_CI

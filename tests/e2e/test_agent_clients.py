@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 from support.e2e import migrate as migrate_url
-from support.e2e import open_store, self_signed_server_context, start_upstream_on, tag
+from support.e2e import open_store, self_signed_server_context, tag
 from support.proxy import REPO, start_inprocess_proxy
+from support.upstream import start_upstream
 
 from tests.conftest import IN_CI
 
@@ -56,7 +57,7 @@ def world(tmp_path_factory):
     config = tmp / "config.yaml"
     config.write_text(f"secret_file: {tmp / 'secret'}\n")
     confdir = tmp / "confdir"
-    plain, tls = start_upstream_on(0), start_upstream_on(0, self_signed_server_context(tmp))
+    plain, tls = start_upstream(), start_upstream(ssl_context=self_signed_server_context(tmp))
     proxy = start_inprocess_proxy(config, url, confdir, ssl_insecure=True)
     home = tmp / "home"
     home.mkdir()
