@@ -4,7 +4,8 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
     mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(handler.py); `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run beside it, each its own concern.
+(handler.py); `Passthrough` (streams what is not journaled: protocols/passthrough.py), `Heartbeat`,
+`InProxyReconciler` and `InProxyAdmin` run beside it, each its own concern.
 """
 
 import os
@@ -27,6 +28,7 @@ from proxy_addon.exceptions import ReceiptsError
 from proxy_addon.handler import JournalHandler
 from proxy_addon.intent import RequestFacts, split_query
 from proxy_addon.log import configure_logging, get_logger
+from proxy_addon.protocols.passthrough import Passthrough, mark_passing, recognised, route_of
 from proxy_addon.reconcile.worker import InProxyReconciler
 from proxy_addon.recovery import Heartbeat, new_instance_id
 from proxy_addon.sender import TLSSettings, UpstreamSender
@@ -39,7 +41,7 @@ _TLS_OPTIONS = frozenset({"ssl_insecure", "ssl_verify_upstream_trusted_ca", "ssl
 
 
 class Receipts:
-    """Journals the configured methods (POST, PUT, PATCH, DELETE by default); everything else passes through untouched."""
+    """Journals the writes (the configured methods, less the reads protocols/ finds); everything else passes through."""
 
     def __init__(self) -> None:
         self.config: ReceiptsConfig | None = None
@@ -111,18 +113,27 @@ class Receipts:
         if self.store is not None:
             self.store.close()
 
+    def journals(self, flow: http.HTTPFlow) -> bool:
+        """Whether this request may be journaled, from its head (method, host, rule: protocols/routing.py); its
+        protocol may still find it a read once its body is in. Else it passes through, streamed."""
+        return self.handler is not None and self.config is not None and route_of(self.config, flow).journal
+
     async def request(self, flow: http.HTTPFlow) -> None:
-        if flow.response or flow.error or not flow.live:
+        if flow.response or flow.error or not flow.live or not self.journals(flow):
             return
-        if self.handler is None or self.config is None or flow.request.method.upper() not in self.config.proxy.methods:
+        assert self.handler is not None and self.config is not None
+        facts = await recognised(request_facts(flow), self.config)  # read or write, in its protocol
+        if not facts.call.journal:
+            mark_passing(flow, facts.call.passes or facts.call.protocol)
             return
         try:
-            outcome = await self.handler.handle(request_facts(flow))
+            outcome = await self.handler.handle(facts)
         except Exception as e:
             # mitmproxy would log a hook's exception and forward the request anyway: fail closed instead.
             log.exception("journaling_failed", method=flow.request.method, host=flow.request.pretty_host)
             if flow.response is None:
-                flow.response = to_response(answers.journal_unavailable(f"internal error: {type(e).__name__}"), flow)
+                problem = answers.journal_unavailable(f"internal error: {type(e).__name__}")
+                flow.response = to_response(facts.call.answer(problem), flow)
                 flow.metadata[METADATA_KEY] = {"refused": "internal_error"}
             return
         flow.metadata[METADATA_KEY] = outcome.note
@@ -178,7 +189,7 @@ def _sender() -> UpstreamSender:
 def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
-    return [journal, Heartbeat(journal), InProxyReconciler(journal), InProxyAdmin(journal)]
+    return [journal, Passthrough(journal), Heartbeat(journal), InProxyReconciler(journal), InProxyAdmin(journal)]
 
 
 addons = make_addons()
