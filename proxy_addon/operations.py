@@ -88,9 +88,6 @@ class ReconcileRule(StrictModel):
             raise ValueError("method HEAD reads no body: it cannot search, match or find an id (use GET)")
         if self.body is not None and self.method != "POST":
             raise ValueError("body is sent only with method POST")
-        for name in _template_placeholders(self.body):
-            if name not in _URL_PLACEHOLDERS and not name.startswith(("path.", "body.")):
-                raise ValueError(f"unknown placeholder {{{name}}} in body")
         return self
 
     @cached_property
@@ -152,10 +149,14 @@ class OperationRule(StrictModel):
         return compile_path_template(self.path)
 
 
+def known_placeholder(name: str) -> bool:
+    return name in _URL_PLACEHOLDERS or name.startswith(("path.", "body."))
+
+
 def _template_placeholders(template: Any) -> list[str]:
-    """The placeholders of a JSON body template, at any depth."""
+    """The placeholders of a JSON body template, at any depth (other braces, as GraphQL writes them, are text)."""
     if isinstance(template, str):
-        return PLACEHOLDER_RE.findall(template)
+        return [n for n in PLACEHOLDER_RE.findall(template) if known_placeholder(n)]
     if isinstance(template, dict):
         return [n for k, v in template.items() for n in (*_template_placeholders(k), *_template_placeholders(v))]
     if isinstance(template, list):

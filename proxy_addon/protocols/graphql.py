@@ -108,6 +108,11 @@ def recognise(facts: "RequestFacts", route: "Route", policy: HostPolicy) -> Call
     return _read(document, facts, policy)
 
 
+def read_headers(body: Any) -> dict[str, str] | None:
+    """A reconcile read that is a GraphQL query accepts GraphQL's answers."""
+    return {"Accept": f"{RESPONSE_CONTENT_TYPE}, application/json"} if _is_request(body) else None
+
+
 def _is_request(document: Any) -> bool:
     return isinstance(document, dict) and isinstance(document.get("query"), str)
 

@@ -72,6 +72,7 @@ HANDSHAKE_VERSIONS = frozenset({"2024-11-05", "2025-03-26", "2025-06-18", "2025-
 PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
 PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
 SESSION_HEADER = "mcp-session-id"
+NAME_BEARING = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}  # mirrored in Mcp-Name
 SERVER_ERROR = -32000  # JSON-RPC 2.0: -32000 to -32099 are the implementation's server errors
 _RESPONSE_KEYS = ("result", "error")
 
@@ -216,6 +217,23 @@ def recognise(facts: "RequestFacts", route: "Route", policy: HostPolicy) -> Call
     if not _is_message(message):
         return REST if forced else None
     return _read(message, facts, route)
+
+
+def read_headers(body: Any) -> dict[str, str] | None:
+    """What an MCP server asks of a request: both answer types accepted, and from 2026-07-28 on the headers
+    that repeat the body's method, name and protocol version (the reconciler's reads are such requests)."""
+    if not _is_message(body) or not isinstance(body.get("method"), str):
+        return None
+    headers = {"Accept": "application/json, text/event-stream"}
+    params = body.get("params")
+    version = _meta_version(params)
+    if version is not None:
+        headers["MCP-Protocol-Version"] = version
+        headers["Mcp-Method"] = body["method"]
+        name = params.get(NAME_BEARING.get(body["method"], ""))
+        if isinstance(name, str) and name.isascii():
+            headers["Mcp-Name"] = name
+    return headers
 
 
 def _is_message(m: Any) -> bool:

@@ -15,7 +15,7 @@ protocol call's rule is the first that names it (a glob), else the route's. Pure
 
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy_addon.config import HostPolicy, ReceiptsConfig
 from proxy_addon.operations import OperationRule, ProtocolName
@@ -32,6 +32,8 @@ class ProtocolModule(Protocol):
     OPERATION_PREFIX: str
 
     def recognise(self, facts: "RequestFacts", route: "Route", policy: HostPolicy) -> Call | None: ...
+
+    def read_headers(self, body: Any) -> dict[str, str] | None: ...
 
 
 PROTOCOLS: tuple[ProtocolModule, ...] = (graphql, jsonrpc)  # the modules, asked in this order
@@ -99,6 +101,15 @@ def match_rule(policy: HostPolicy, method: str, path: str, name: str | None) -> 
         if route_match is None:
             route_match = rule, m.groupdict()
     return route_match
+
+
+def read_headers(body: Any) -> dict[str, str]:
+    """The headers a reconcile read sent as a POST with this JSON body needs in its protocol (none for REST)."""
+    for protocol in PROTOCOLS:
+        headers = protocol.read_headers(body)
+        if headers is not None:
+            return headers
+    return {}
 
 
 def call_name(operation: str) -> str | None:
