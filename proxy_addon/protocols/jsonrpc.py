@@ -112,14 +112,14 @@ class RpcCall(Call):
     def _result_verdict(self, verdict: Verdict, result: Any) -> Verdict:
         return verdict
 
-    def response_in(self, answer: UpstreamAnswer) -> dict[str, Any] | None:
-        """The JSON-RPC response to this call in an upstream answer (JSON, or server-sent events)."""
+    def response_in(self, answer: UpstreamAnswer, to_this_call: bool = True) -> dict[str, Any] | None:
+        """The JSON-RPC response to this call (else the last one) in an answer (JSON, or server-sent events)."""
         content = decoded_body(answer.headers, answer.content)
         if content is None:
             return None
         content_type = next((v.decode("latin-1") for k, v in answer.headers if k.lower() == b"content-type"), None)
         found = sse.json_messages(content) if sse.is_event_stream(content_type) else json_document(content)
-        return _response(found, self.request_id if self.has_id else None)
+        return _response(found, self.request_id if self.has_id and to_this_call else None)
 
     def stored(self, result: SendResult) -> SendResult:
         """An answer in server-sent events is kept as its JSON-RPC response alone, as JSON."""
@@ -146,14 +146,19 @@ class RpcCall(Call):
             }
             return self._reply({"error": error}, answer)
         if is_replay(answer):
-            stored = self.response_in(UpstreamAnswer(answer.status, answer.reason or "", list(answer.headers), answer.body))
+            # the stored response answered the first call's id: the caller's is another
+            stored_answer = UpstreamAnswer(answer.status, answer.reason or "", list(answer.headers), answer.body)
+            stored = self.response_in(stored_answer, to_this_call=False)
             if stored is not None:
-                return self._reply({k: stored[k] for k in _RESPONSE_KEYS if k in stored}, answer, answer.status)
+                return self._reply(self._replayed({k: stored[k] for k in _RESPONSE_KEYS if k in stored}), answer, answer.status)
             return self._unreplayable(answer)
         return answer
 
     def _unreplayable(self, answer: Answer) -> Answer:
         return answer
+
+    def _replayed(self, members: dict[str, Any]) -> dict[str, Any]:
+        return members
 
     def _reply(self, members: dict[str, Any], answer: Answer, status: int = 200) -> Answer:
         """A JSON-RPC response to the caller's id, with the receipt's headers."""
@@ -189,6 +194,13 @@ class McpToolCall(RpcCall):
         if problem is None:
             return super().answer(answer)
         return self._tool_error(problem.sentence(), answer)
+
+    def _replayed(self, members: dict[str, Any]) -> dict[str, Any]:
+        """A result stored from an older server gets the `resultType` this caller's protocol requires."""
+        result = members.get("result")
+        if self.result_type and isinstance(result, dict) and "resultType" not in result:
+            return {**members, "result": {**result, "resultType": "complete"}}
+        return members
 
     def _unreplayable(self, answer: Answer) -> Answer:
         receipt = receipt_headers(answer)
