@@ -3,7 +3,8 @@
 A POST to a path ending in `/graphql` (or under `protocol: graphql`) whose JSON body has a `query` string is
 parsed with graphql-core, never matched with regular expressions. The operation it selects (`operationName`,
 or the only one) decides: `query` and `subscription` pass through, `mutation` is journaled. A mutation's
-identity is the document printed in canonical form (layout and comments do not matter), `operationName` and
+identity is the document printed in canonical form (layout and comments do not matter, nor the order of what
+GraphQL leaves unordered: arguments, input fields, variable definitions), the selected operation's name and
 the redacted `variables`; its name is `graphql <operation name, or its first field>`. Argument literals
 written into the document under a secret name are redacted like body fields. A body that does not parse is
 journaled as a plain body (REST). A batch (a JSON array of operations) passes when every one is a read and is
@@ -11,8 +12,9 @@ journaled as a plain body otherwise.
 
 The proxy's own problems are GraphQL errors: the contract's status with
 `{"errors": [{"message", "extensions": {"code", "operation_id", "state"}}]}`. Replays are the stored answer.
-A 2xx answer with `errors` and no `data` was refused before execution (GraphQL spec, "Response"): the
-receipt is `rejected`, and a retry goes upstream.
+A 2xx answer with `errors` and no data (`data` absent: refused before execution, as the GraphQL spec has it;
+null, or every mutation field null: the mutation's resolver failed) is `rejected`: the server says the
+mutation did not happen, and a retry goes upstream. With data, it is `succeeded`.
 """
 
 import json
@@ -77,9 +79,9 @@ class GraphQLCall(Call):
             return verdict
         content = decoded_body(result.answer.headers, result.answer.content)
         document = json_document(content) if content is not None else None
-        if isinstance(document, dict) and document.get("errors") and "data" not in document:
-            message = f"GraphQL errors before execution: {_first_message(document)}"
-            return Verdict(State.REJECTED, {**verdict.updates, "error_code": "graphql_not_executed", "error_message": message})
+        if isinstance(document, dict) and document.get("errors") and _no_data(document.get("data")):
+            message = f"GraphQL errors and no data: {_first_message(document)}"
+            return Verdict(State.REJECTED, {**verdict.updates, "error_code": "graphql_errors", "error_message": message})
         return verdict
 
     def answer(self, answer: Answer) -> Answer:
@@ -136,8 +138,8 @@ def _read(request: dict[str, Any], facts: "RequestFacts", policy: HostPolicy) ->
     return GraphQLCall(
         operation=OPERATION_PREFIX + name,
         name=name,
-        document=print_ast(redacted),
-        operation_name=operation_name,
+        document=print_ast(visit(redacted, _Canonical())),
+        operation_name=operation.name.value if operation.name else None,  # as selected: given or implied, the same
         redacted_query=print_ast(redacted) if redacted is not ast else None,
         graphql_response=RESPONSE_CONTENT_TYPE in accept.lower(),
     )
@@ -155,6 +157,38 @@ def _first_field(operation: OperationDefinitionNode) -> str:
     return field.name.value if field is not None else "anonymous"
 
 
+class _Canonical(Visitor):
+    """What GraphQL leaves unordered is put in order: arguments, input object fields, variable definitions
+    (selections keep theirs: they order the answer)."""
+
+    def leave_field(self, node: FieldNode, *_args: Any) -> Any:
+        return _sorted(node, "arguments")
+
+    def leave_directive(self, node: Any, *_args: Any) -> Any:
+        return _sorted(node, "arguments")
+
+    def leave_object_value(self, node: Any, *_args: Any) -> Any:
+        return _sorted(node, "fields")
+
+    def leave_operation_definition(self, node: OperationDefinitionNode, *_args: Any) -> Any:
+        if not node.variable_definitions:
+            return None
+        ordered = tuple(sorted(node.variable_definitions, key=lambda d: d.variable.name.value))
+        return copy_node(node, variable_definitions=ordered)
+
+
+def _sorted(node: Any, attribute: str) -> Any:
+    items = getattr(node, attribute)
+    if not items or len(items) < 2:
+        return None
+    return copy_node(node, **{attribute: tuple(sorted(items, key=lambda a: a.name.value))})
+
+
+def copy_node(node: Any, **changes: Any) -> Any:
+    """A copy of an AST node with some of its attributes changed."""
+    return type(node)(**{**{k: getattr(node, k) for k in node.keys}, **changes})
+
+
 class _RedactLiterals(Visitor):
     """Argument and input-object field literals under a secret name become the redaction marker."""
 
@@ -166,7 +200,7 @@ class _RedactLiterals(Visitor):
     def _redacted(self, node: ArgumentNode | ObjectFieldNode) -> Any:
         if node.name.value.lower() in self.redact_fields and node.value.kind != "variable":
             self.changed = True
-            return replace_value(node, StringValueNode(value=REDACTED))
+            return copy_node(node, value=StringValueNode(value=REDACTED))
         return None
 
     def enter_argument(self, node: ArgumentNode, *_args: Any) -> Any:
@@ -176,14 +210,14 @@ class _RedactLiterals(Visitor):
         return self._redacted(node)
 
 
-def replace_value(node: ArgumentNode | ObjectFieldNode, value: StringValueNode) -> ArgumentNode | ObjectFieldNode:
-    return type(node)(name=node.name, value=value)
-
-
 def _redact_literals(ast: DocumentNode, redact_fields: frozenset[str]) -> DocumentNode:
     visitor = _RedactLiterals(redact_fields)
     redacted = visit(ast, visitor)
     return redacted if visitor.changed else ast
+
+
+def _no_data(data: Any) -> bool:
+    return data is None or (isinstance(data, dict) and all(v is None for v in data.values()))
 
 
 def _first_message(document: dict[str, Any]) -> str:

@@ -101,9 +101,9 @@ class TicketDesk:
 @asynccontextmanager
 async def mcp_client(proxy_url: str, url: str, mode: str = "auto", **kw: Any) -> AsyncIterator[Client]:
     """The SDK's client for `url`, through the proxy (its own HTTP client, told where the proxy is)."""
-    async with httpx2.AsyncClient(proxy=proxy_url, timeout=httpx2.Timeout(30.0, read=60.0)) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode, **kw) as client:
-            yield client
+    http = httpx2.AsyncClient(proxy=proxy_url, timeout=httpx2.Timeout(30.0, read=60.0))
+    async with http, Client(streamable_http_client(url, http_client=http), mode=mode, **kw) as client:
+        yield client
 
 
 def wait_until(condition: Any, timeout: float = 10.0) -> bool:
