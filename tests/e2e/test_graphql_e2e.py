@@ -24,6 +24,7 @@ from support.asgi import AsgiServer, serve_asgi
 from support.e2e import open_store, proxy_client, tag
 from support.graphql_server import IssueTracker
 from support.proxy import RunningProxy, start_inprocess_proxy
+from support.shown import ls_table, review_page
 
 from proxy_addon.config import load_config
 from proxy_addon.reconcile.worker import Reconciler
@@ -54,6 +55,7 @@ class Env:
     server: AsgiServer
     config: Path
     client: httpx.Client
+    database_url: str
 
     @property
     def url(self) -> str:
@@ -91,7 +93,7 @@ def env(module_db_url, tmp_path_factory) -> Iterator[Env]:
     proxy = start_inprocess_proxy(config, module_db_url, tmp / "confdir")
     try:
         with open_store(module_db_url) as store, proxy_client(proxy.url) as client:
-            yield Env(proxy, store, tracker, server, config, client)
+            yield Env(proxy, store, tracker, server, config, client, module_db_url)
     finally:
         proxy.stop()
         server.stop()
@@ -182,3 +184,10 @@ def test_a_secret_written_into_the_document_is_not_stored(env: Env):
     assert r.json() == {"data": {"login": True}}
     [receipt] = receipts_of(env, user)
     assert receipt.operation == "graphql login" and b"hunter2" not in receipt.request_body
+
+
+def test_the_cli_and_the_page_show_the_mutations_operation_name(env: Env):
+    execute(env, CREATE, title=f"shown-{tag()}")
+    host = env.server.netloc
+    assert "graphql CreateIssue" in ls_table(env.config, env.database_url, host)
+    assert "graphql CreateIssue" in review_page(env.config, env.store, host)

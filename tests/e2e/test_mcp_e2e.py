@@ -22,6 +22,7 @@ from support.asgi import AsgiServer, serve_asgi
 from support.e2e import open_store, tag
 from support.mcp_server import TicketDesk, mcp_client
 from support.proxy import RunningProxy, start_inprocess_proxy
+from support.shown import ls_table, review_page
 
 from proxy_addon.config import load_config
 from proxy_addon.reconcile.worker import Reconciler
@@ -48,6 +49,7 @@ class Env:
     desk: TicketDesk
     server: AsgiServer
     config: Path
+    database_url: str
 
     @property
     def url(self) -> str:
@@ -84,7 +86,7 @@ def env(module_db_url, tmp_path_factory) -> Iterator[Env]:
     proxy = start_inprocess_proxy(config, module_db_url, tmp / "confdir")
     try:
         with open_store(module_db_url) as store:
-            yield Env(proxy, store, desk, server, config)
+            yield Env(proxy, store, desk, server, config, module_db_url)
     finally:
         proxy.stop()
         server.stop()
@@ -200,3 +202,14 @@ def test_a_call_that_asks_for_more_input_continues_and_is_then_replayed(env: Env
     asking, done = receipts_of(env, title)
     assert (asking.state, asking.error_code) == ("rejected", "input_required")
     assert done.state == "succeeded" and asking.intent_fingerprint == done.intent_fingerprint
+
+
+def test_the_cli_and_the_page_show_the_tools_operation_name(env: Env):
+    async def call() -> None:
+        async with mcp_client(env.proxy.url, env.url) as client:
+            await client.call_tool("create_ticket", {"title": f"shown-{tag()}"})
+
+    asyncio.run(call())
+    host = env.server.netloc
+    assert "mcp tools/call create_ticket" in ls_table(env.config, env.database_url, host)
+    assert "mcp tools/call create_ticket" in review_page(env.config, env.store, host)

@@ -4,7 +4,9 @@ JSON-RPC and MCP (identity, operation names, verdicts, answers in their own shap
 reconcile read's body template."""
 
 import json
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -114,6 +116,15 @@ def test_config_errors_are_one_line_naming_the_key(text, key, message):
     with pytest.raises(ConfigError) as err:
         parse_config(text, source="config.yaml")
     assert "\n" not in str(err.value) and str(err.value).startswith(f"config.yaml: {key}") and message in str(err.value)
+
+
+def test_the_readmes_example_of_what_is_journaled_is_a_valid_config():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## What is journaled", 1)[1].split("\n## ", 1)[0]
+    [example] = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    config = parse_config(example)
+    assert routing.route(config, "POST", "db.internal.example.com", 443, "/q").passes == "host"
+    assert routing.route(config, "POST", "api.openai.com", 443, "/v1/responses").journal
 
 
 def test_any_method_token_is_journaled_and_may_name_a_rule():
