@@ -111,8 +111,9 @@ def test_discovery_passes_and_a_tool_call_is_journaled_once(env: Env, mode: str)
             tools = await client.list_tools()
             first = await client.call_tool("create_ticket", {"title": title})
             version = client.protocol_version
-        async with mcp_client(env.proxy.url, env.url, mode) as client:  # another session, other ids
+        async with mcp_client(env.proxy.url, env.url, mode) as client:  # another session
             await client.list_tools()
+            await client.list_tools()  # so that the call's JSON-RPC id is another too
             again = await client.call_tool("create_ticket", {"title": title})
         return tools, first, again, version
 
