@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from proxy_addon import answers
 from proxy_addon.config import parse_config
@@ -421,3 +423,33 @@ def test_a_body_template_takes_values_whole_or_as_text():
         fill_body({"p": "{body.params.arguments.password}"}, original, {})
     with pytest.raises(UnreadableRule):
         fill_body({"p": "x {body.params.arguments.tags}"}, original, {})
+
+
+# -- bad input: the seam never raises -----------------------------------------------------------------------------
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+_messages = st.fixed_dictionaries(
+    {"jsonrpc": st.sampled_from(["2.0", "1.0", 2]), "method": st.sampled_from(["tools/call", "tools/list", "x", 5])},
+    optional={"id": _json_values, "params": _json_values, "result": _json_values, "query": st.text(max_size=60)},
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(_messages, st.lists(_messages, max_size=3), _json_values, st.binary(max_size=60)),
+       path=st.sampled_from(["/mcp", "/graphql", "/rpc", "/api"]), answer=st.binary(max_size=80))
+def test_the_seam_never_raises_on_bad_input(config, body, path, answer):
+    f = facts(body if isinstance(body, bytes) else json.dumps(body).encode(), path=path)
+    call = routing.recognise(f, config)
+    body_identity = call.identity(analyse_body("application/json", f.body, frozenset({"password"})), None)
+    intent_fingerprint("POST", "rpc.test", 443, path, [], body_identity)
+    for content_type in (b"application/json", b"text/event-stream"):
+        result = SendResult(SendEnd.ANSWERED, UpstreamAnswer(200, "OK", [(b"content-type", content_type)], answer))
+        call.verdict(Verdict(State.SUCCEEDED, {"status_code": 200}), result)
+        call.stored(result)
+    replay = answers.answer(200, answer, {"content-type": "application/json"}).with_headers({answers.REPLAYED_HEADER: "true"})
+    call.answer(replay)
+    call.answer(answers.duplicate_open("op_1", "submitted"))
