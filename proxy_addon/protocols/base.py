@@ -9,7 +9,7 @@ A `Call` is one request as its protocol reads it. It answers three questions:
 
 This base class is REST, and the default of every method is REST's: identity by the body, answers in
 problem+json, verdicts by status. A protocol module (graphql.py, jsonrpc.py) subclasses it; routing.py asks
-each in turn. Pure: no mitmproxy, no database.
+each in turn. Pure: no flows, no network, no database.
 """
 
 import json

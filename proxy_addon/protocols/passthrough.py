@@ -3,9 +3,10 @@
 A flow decided from its head (routing.route: a method not journaled, a host with `journal: false`, a model
 API, a rule with `journal: false`) has its request body streamed upstream as it comes; every flow that passes
 (those a protocol finds to be reads too, once their body is in) has its answer streamed to the client as the
-upstream sends it, so that an SSE stream or a slow download is never buffered whole. A journaled request is
-never streamed upstream by mitmproxy: the handler sends it itself, once. Nothing here costs more than the
-decision.
+upstream sends it, so that an SSE stream or a slow download is never buffered whole. A request that may be
+journaled is not streamed here: its body is read whole, and the handler sends it itself, once (mitmproxy's
+own `stream_large_bodies` option is another matter: it streams a body past its limit whatever a hook says).
+Nothing here costs more than the decision.
 """
 
 import asyncio
@@ -55,8 +56,7 @@ class Passthrough:
             return
         where = route_of(config, flow)
         if where.journal:
-            flow.request.stream = False  # read whole: the handler journals it, then sends it itself, once
-            return
+            return  # read whole: the handler journals it, then sends it itself, once
         mark_passing(flow, where.passes or "route")
         flow.request.stream = True
 
