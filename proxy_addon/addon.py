@@ -29,6 +29,7 @@ from proxy_addon.handler import JournalHandler
 from proxy_addon.intent import RequestFacts, split_query
 from proxy_addon.log import configure_logging, get_logger
 from proxy_addon.protocols.passthrough import Passthrough, mark_passing, recognised, route_of
+from proxy_addon.protocols.rest import REST
 from proxy_addon.reconcile.worker import InProxyReconciler
 from proxy_addon.recovery import Heartbeat, new_instance_id
 from proxy_addon.sender import TLSSettings, UpstreamSender
@@ -122,18 +123,20 @@ class Receipts:
         if flow.response or flow.error or not flow.live or not self.journals(flow):
             return
         assert self.handler is not None and self.config is not None
-        facts = await recognised(request_facts(flow), self.config)  # read or write, in its protocol
-        if not facts.call.journal:
-            mark_passing(flow, facts.call.passes or facts.call.protocol)
-            return
+        call = REST
         try:
+            facts = await recognised(request_facts(flow), self.config)  # read or write, in its protocol
+            call = facts.call
+            if not call.journal:
+                mark_passing(flow, call.passes or call.protocol)
+                return
             outcome = await self.handler.handle(facts)
         except Exception as e:
             # mitmproxy would log a hook's exception and forward the request anyway: fail closed instead.
             log.exception("journaling_failed", method=flow.request.method, host=flow.request.pretty_host)
             if flow.response is None:
                 problem = answers.journal_unavailable(f"internal error: {type(e).__name__}")
-                flow.response = to_response(facts.call.answer(problem), flow)
+                flow.response = to_response(call.answer(problem), flow)
                 flow.metadata[METADATA_KEY] = {"refused": "internal_error"}
             return
         flow.metadata[METADATA_KEY] = outcome.note

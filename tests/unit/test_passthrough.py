@@ -148,3 +148,13 @@ def test_an_internal_error_is_said_in_the_protocols_shape_too(proxy, monkeypatch
     document = json.loads(f.response.content)
     assert f.response.status_code == 200 and document["id"] == 3 and document["result"]["isError"] is True
     assert "journal unavailable" in document["result"]["content"][0]["text"].lower() and sender.sent == []
+
+
+def test_a_bug_in_a_protocol_fails_closed(proxy, monkeypatch):
+    def broken(*_a: Any, **_kw: Any) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr("proxy_addon.protocols.routing.recognise", broken)
+    hooks, sender = proxy()
+    f = hooks(flow("POST", body={"title": "a"}))
+    assert f.response.status_code == 503 and sender.sent == [] and PASSES_KEY not in f.metadata
