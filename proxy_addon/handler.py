@@ -32,7 +32,7 @@ from proxy_addon.exceptions import (
 from proxy_addon.intent import RequestFacts, build_intent
 from proxy_addon.log import get_logger
 from proxy_addon.records import Intent, Verdict, new_operation_id
-from proxy_addon.sender import SendResult, UpstreamSender
+from proxy_addon.sender import SendResult, Timeouts, UpstreamSender
 from proxy_addon.states import State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.verdicts import classify_outcome, storable_response
@@ -104,9 +104,8 @@ class JournalHandler:
                 headers.append((policy.idempotency_key_header.encode(), operation_id.encode()))
             # at debug: the planned->submitted step is in the receipt's history; the verdict line is the canonical one
             log.debug("receipt_submitted", operation=intent.operation, method=facts.method, host=facts.host)
-            result = await self.sender.send_once(
-                facts.method, facts.url, headers, facts.raw_body, policy.connect_timeout, policy.upstream_timeout
-            )
+            timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline)
+            result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
             verdict = classify_outcome(result, policy, rule)
             state = await self._record_verdict(intent, result, verdict, policy)
             reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
