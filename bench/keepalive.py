@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import h11  # noqa: E402
+import h11
 
-from proxy_addon.sender import (  # noqa: E402
+from proxy_addon.sender import (
     SendEnd,
     Timeouts,
     TLSSettings,

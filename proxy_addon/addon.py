@@ -16,6 +16,7 @@ if __package__ in (None, "") and "proxy_addon" not in sys.modules:  # loaded by 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.connection import ConnectionState
 
 from proxy_addon import answers
 from proxy_addon.account import AccountHasher, load_or_create_key
@@ -107,15 +108,28 @@ class Receipts:
 
     async def done(self) -> None:
         if self.handler is not None:
+            await self.handler.waiters.aclose()
             await self.handler.sender.aclose()
         if self.store is not None:
             self.store.close()
 
+    def journals(self, flow: http.HTTPFlow) -> bool:
+        """Whether this request is journaled (else it passes through, untouched)."""
+        return self.handler is not None and self.config is not None and flow.request.method.upper() in self.config.proxy.methods
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        """A journaled request is never streamed upstream by mitmproxy (`stream_large_bodies` would send it
+        without a receipt, and then the handler would send it again): its body is read whole, then journaled."""
+        if flow.response or flow.error or not flow.live or not self.journals(flow):
+            return
+        # mitmproxy sets `stream` before this hook when the body's length is known, and again while reading
+        # a chunked body once it passes stream_large_bodies: the request's class pins it to False for both.
+        flow.request.__class__ = _NeverStreamed
+
     async def request(self, flow: http.HTTPFlow) -> None:
-        if flow.response or flow.error or not flow.live:
+        if flow.response or flow.error or not flow.live or not self.journals(flow):
             return
-        if self.handler is None or self.config is None or flow.request.method.upper() not in self.config.proxy.methods:
-            return
+        assert self.handler is not None
         try:
             outcome = await self.handler.handle(request_facts(flow))
         except Exception as e:
@@ -146,7 +160,20 @@ def request_facts(flow: http.HTTPFlow) -> RequestFacts:
         url=req.url,
         raw_headers=tuple(req.headers.fields),
         raw_body=req.raw_content or b"",
+        client_gone=lambda: not flow.client_conn.state & ConnectionState.CAN_READ,
     )
+
+
+class _NeverStreamed(http.Request):
+    """A journaled request: whatever mitmproxy sets, its body is not streamed upstream."""
+
+    @property
+    def stream(self) -> bool:
+        return False
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
 
 
 def to_response(a: Answer, flow: http.HTTPFlow) -> http.Response:

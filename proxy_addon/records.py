@@ -78,9 +78,10 @@ class ReceiptRecord:
     request_body_size: int
     request_body_truncated: bool
     body_note: str | None
-    response_headers: dict[str, Any] | None
+    response_headers: list[list[str]] | dict[str, Any] | None  # [name, value] pairs; a dict in older rows
     response_body: bytes | None
     response_body_truncated: bool
+    response_body_redacted: bool
     reconcile_attempts: int
     next_attempt_at: datetime | None
     lease_owner: str | None

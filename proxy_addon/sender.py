@@ -318,12 +318,11 @@ def _prepare(
         sendable.append((b"content-length", str(len(content)).encode()))
     sendable.append((b"connection", b"close"))
     h = h11.Connection(h11.CLIENT)  # validates the head (a header value the protocol forbids raises here)
-    chunks = h.send_with_data_passthrough(
-        h11.Request(method=method.encode(), target=target.encode("ascii", "strict"), headers=sendable)
-    )
+    events: list[h11.Event] = [h11.Request(method=method.encode(), target=target.encode("ascii", "strict"), headers=sendable)]
     if content:
-        chunks += h.send_with_data_passthrough(h11.Data(data=content))  # the body itself, not a copy
-    chunks += h.send_with_data_passthrough(h11.EndOfMessage())
+        events.append(h11.Data(data=content))
+    events.append(h11.EndOfMessage())
+    chunks = [chunk for event in events for chunk in h.send_with_data_passthrough(event) or ()]  # the body not copied
     return (scheme, host, port), h, chunks
 
 
