@@ -201,7 +201,9 @@ class Phase:
         errors = sum(self.errors.values()) + not_sent
         if not_sent:
             self.errors["not sent before the deadline"] += not_sent
-        ms = lambda v: None if v is None else round(v * 1000, 3)
+        def ms(v: float | None) -> float | None:
+            return None if v is None else round(v * 1000, 3)
+
         return {
             "prefix": self.prefix,
             "requests": self.requests,

@@ -51,7 +51,7 @@ REPO = BENCH.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(BENCH))
 
-import profile_summary
+import profile_summary  # noqa: E402 - found through the sys.path entry above
 
 PG_ADMIN_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 PG_DATABASE_DEFAULT = "receipts_bench"
@@ -90,7 +90,7 @@ class Processes:
         self.running: list[subprocess.Popen[Any]] = []
 
     def start(self, cmd: list[str], log: Path | None, env: dict[str, str] | None = None, stdout: Any = None) -> subprocess.Popen[Any]:
-        log_file = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 -- closed below, once the child has it
+        log_file = open(log, "ab") if log is not None else subprocess.DEVNULL  # closed below, once the child has it
         try:
             proc = subprocess.Popen(
                 [str(c) for c in cmd],
@@ -740,7 +740,7 @@ class Bench:
         except BenchError as e:
             self.failures.append(f"{what}: {e}")
             print(f"  {what}: FAILED: {e}", flush=True)
-        except Exception as e:  # noqa: BLE001 -- a driver or OS error: record it, stop this target, go on with the next
+        except Exception as e:  # a driver or OS error: record it, stop this target, go on with the next
             self.failures.append(f"{what}: {type(e).__name__}: {e}")
             print(f"  {what}: FAILED: {type(e).__name__}: {e}", flush=True)
 
@@ -763,7 +763,7 @@ class Bench:
             "ratios": ratios(self.runs),
             "goals": goals(self.runs, self.targets_info),
             "growth": self.growth,
-            "profiles": [{k: v for k, v in p.items()} for p in self.profiles],
+            "profiles": [dict(p) for p in self.profiles],
             "failures": self.failures,
             "ok": not self.failures,
         }
@@ -892,7 +892,7 @@ def markdown(doc: dict[str, Any]) -> str:
     mem = [(k, v) for k, v in doc["targets"].items() if v.get("peak_rss_mib")]
     if mem:
         lines += ["", "| proxy process | idle RSS MiB | peak RSS MiB (VmHWM) | RSS at end MiB | requests through it |", "|---|---:|---:|---:|---:|"]
-        for k, v in mem:
+        for _, v in mem:
             lines.append(f"| {v['label']} (history {v['growth']}) | {v.get('rss_idle_mib', '')} | {v['peak_rss_mib']} | {v.get('rss_end_mib', '')} | {v.get('requests_sent', '')} |")
     if doc["growth"]:
         lines += ["", "| growth: target | receipts already stored | c | req/s | p50 ms | p99 ms | errors | seed s | db MiB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -944,7 +944,7 @@ def chart(doc: dict[str, Any], path: Path) -> None:
                     ys.append(value(r))
             b = ax.bar(xs, ys, w, label=TARGETS[k].label, color=colours[k])
             labels = []
-            for j, c in enumerate(conc):
+            for c in conc:
                 r, base = _find(runs, k, c), _find(runs, "mitmdump", c)
                 if r is None or value(r) is None:
                     continue

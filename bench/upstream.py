@@ -12,6 +12,7 @@ With --tls-cert and --tls-key it serves HTTPS (bench/keepalive.py measures TLS c
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import ssl
@@ -102,10 +103,8 @@ async def serve(port: int, max_lifetime: float, tls: ssl.SSLContext | None = Non
     async with server:
         # bounded: wakes once a second, ends on a signal, when the parent is gone, or at the deadline
         while not stop.is_set() and loop.time() < deadline and os.getppid() == parent:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-            except TimeoutError:
-                pass
 
 
 def main() -> int:
