@@ -4,7 +4,8 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
     mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(handler.py); `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run beside it, each its own concern.
+(handler.py); `StreamLargeBodies`, `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run beside it, each its
+own concern.
 """
 
 import os
@@ -32,6 +33,7 @@ from proxy_addon.reconcile.worker import InProxyReconciler
 from proxy_addon.recovery import Heartbeat, new_instance_id
 from proxy_addon.sender import TLSSettings, UpstreamSender
 from proxy_addon.store import ReceiptStore
+from proxy_addon.streaming import StreamLargeBodies
 
 log = get_logger("receipts.proxy")
 
@@ -114,17 +116,8 @@ class Receipts:
             self.store.close()
 
     def journals(self, flow: http.HTTPFlow) -> bool:
-        """Whether this request is journaled (else it passes through, untouched)."""
+        """Whether this request is journaled (else it passes through, untouched; streaming.py streams it)."""
         return self.handler is not None and self.config is not None and flow.request.method.upper() in self.config.proxy.methods
-
-    def requestheaders(self, flow: http.HTTPFlow) -> None:
-        """A journaled request is never streamed upstream by mitmproxy (`stream_large_bodies` would send it
-        without a receipt, and then the handler would send it again): its body is read whole, then journaled."""
-        if flow.response or flow.error or not flow.live or not self.journals(flow):
-            return
-        # mitmproxy sets `stream` before this hook when the body's length is known, and again while reading
-        # a chunked body once it passes stream_large_bodies: the request's class pins it to False for both.
-        flow.request.__class__ = _NeverStreamed
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live or not self.journals(flow):
@@ -164,18 +157,6 @@ def request_facts(flow: http.HTTPFlow) -> RequestFacts:
     )
 
 
-class _NeverStreamed(http.Request):
-    """A journaled request: whatever mitmproxy sets, its body is not streamed upstream."""
-
-    @property
-    def stream(self) -> bool:
-        return False
-
-    @stream.setter
-    def stream(self, value: object) -> None:
-        pass
-
-
 def to_response(a: Answer, flow: http.HTTPFlow) -> http.Response:
     reason = a.reason if a.reason is not None else http.status_codes.RESPONSES.get(a.status, "")
     return http.Response(
@@ -205,7 +186,7 @@ def _sender() -> UpstreamSender:
 def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
-    return [journal, Heartbeat(journal), InProxyReconciler(journal), InProxyAdmin(journal)]
+    return [journal, StreamLargeBodies(journal), Heartbeat(journal), InProxyReconciler(journal), InProxyAdmin(journal)]
 
 
 addons = make_addons()

@@ -9,6 +9,7 @@ do, chosen by the request's path, and records every request it received:
 - `/early/<status>/...`: answers <status> as soon as it has the head, before reading the body, then closes
   with the body unread (the kernel resets the connection);
 - `/hold/<key>/...[?status=S]`: waits until `release(key)`, then answers S (default 201) with JSON;
+- `/hold-stream/<key>/...`: 200 with a chunked body whose first chunk comes at once, the rest after `release(key)`;
 - anything else: 201 with `{"id": n}`, or `?status=S`.
 
 `idle_timeout` models an upstream that closes idle keep-alive connections: a request arriving on a
@@ -198,6 +199,13 @@ class AnsweringUpstream:
             await writer.drain()
             writer.close()  # the body is unread: the kernel answers it with a reset
             return
+        if kind == "hold-stream":
+            writer.write(h.send(h11.Response(status_code=200, headers=[(b"Content-Type", b"text/plain")])))
+            writer.write(h.send(h11.Data(data=b"first chunk\n")))
+            await writer.drain()
+            await self._hold(parts[1]).wait()
+            writer.write(h.send(h11.Data(data=b"the rest\n")) + h.send(h11.EndOfMessage()))
+            return await writer.drain()
         if kind == "hold":
             await self._hold(parts[1]).wait()
             status = int(query.get("status", ["201"])[0])
