@@ -39,17 +39,12 @@ class VerdictWaiters:
         self._watches: dict[str, _Watch] = {}
         self._poller: asyncio.Task[None] | None = None
         self._poll_again = asyncio.Event()
-
-    @property
-    def waiting(self) -> int:
-        """How many requests are waiting now."""
-        return sum(w.waiters for w in self._watches.values())
+        self.waiting = 0  # requests waiting now (read by tests and, one day, a gauge)
 
     async def wait(self, operation_id: str, local: bool, at_most: float, client_gone: Callable[[], bool]) -> None:
         """Until the receipt has its verdict, `at_most` seconds pass or the client leaves, whichever comes first.
         `local`: this proxy is sending it (the handler will call `settled`); else the shared poll watches it."""
         watch = self._watches.setdefault(operation_id, _Watch())
-        watch.waiters += 1
         if not local and not watch.remote:
             watch.remote = True
             self._poll_again.set()  # a new receipt to watch: poll from POLL_MIN again
@@ -57,6 +52,8 @@ class VerdictWaiters:
                 self._poller = asyncio.create_task(self._poll(), name="receipts in-flight poll")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + at_most
+        watch.waiters += 1
+        self.waiting += 1
         try:
             while not watch.event.is_set() and not client_gone():
                 remaining = deadline - loop.time()
@@ -66,6 +63,7 @@ class VerdictWaiters:
                     async with asyncio.timeout(min(remaining, CLIENT_CHECK)):
                         await watch.event.wait()
         finally:
+            self.waiting -= 1
             watch.waiters -= 1
             if watch.waiters == 0 and self._watches.get(operation_id) is watch:
                 del self._watches[operation_id]
