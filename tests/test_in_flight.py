@@ -80,9 +80,7 @@ async def repeats_while_held(env, up, key: str, url: str, body: dict, n: int) ->
     seen: dict = {"threads_before": threading.active_count()}
     async with httpx.AsyncClient(proxy=env["proxy"].url, trust_env=False, timeout=30) as client:
         tasks = [asyncio.create_task(client.post(url, json=body)) for _ in range(n)]
-        deadline = time.monotonic() + 15
-        while waiting(env) < n and time.monotonic() < deadline:  # bounded poll
-            await asyncio.sleep(0.02)
+        await asyncio.to_thread(wait_for, lambda: waiting(env) >= n, 15, 0.02)  # a bounded poll of the proxy's count
         seen.update(waiting=waiting(env), threads=threading.active_count(), connections=engine.pool.checkedout())
         up.release(key)
         return await asyncio.gather(*tasks), seen

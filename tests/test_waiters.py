@@ -12,9 +12,12 @@ class States:
     def __init__(self) -> None:
         self.now: dict[str, str] = {}
         self.reads: list[list[str]] = []
+        self.read_thrice = asyncio.Event()
 
     async def read(self, operation_ids):
         self.reads.append(sorted(operation_ids))
+        if len(self.reads) >= 3:
+            self.read_thrice.set()
         return {op: self.now[op] for op in operation_ids if op in self.now}
 
 
@@ -27,8 +30,8 @@ def test_local_waiters_wake_when_the_handler_settles_the_original():
         states = States()
         waiters = VerdictWaiters(states.read)
         tasks = [asyncio.create_task(waiters.wait("op_a", True, 30, never)) for _ in range(50)]
-        while waiters.waiting < 50:
-            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # each task runs up to its wait
+        assert waiters.waiting == 50
         waiters.settled("op_a")
         await asyncio.wait_for(asyncio.gather(*tasks), 5)
         return states.reads, waiters.waiting
@@ -43,8 +46,7 @@ def test_remote_waiters_share_one_poll():
         states.now = {"op_a": "submitted", "op_b": "submitted"}
         waiters = VerdictWaiters(states.read)
         tasks = [asyncio.create_task(waiters.wait(op, False, 30, never)) for op in ("op_a", "op_b") * 25]
-        while len(states.reads) < 3:  # the poll has run a few times, for everyone at once
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(states.read_thrice.wait(), 5)  # the poll has run a few times, for everyone at once
         states.now = {"op_a": "succeeded", "op_b": "outcome_unknown"}
         await asyncio.wait_for(asyncio.gather(*tasks), 5)
         return states.reads, waiters
