@@ -26,17 +26,18 @@ One fresh connection per journaled write, no keep-alive pool. A pooled connectio
 while idle fails exactly like "read the request, then reset", so reusing one risks a false outcome_unknown
 whenever the upstream's idle close crosses our request on the wire; a liveness check before reuse (age, EOF,
 readable socket) narrows that window but cannot close it, and upstreams' idle timeouts go down to 1 s and
-below. Measured on this machine (2 vCPU, loopback, bench/keepalive.py, sender CPU per write, median of 3
-runs, the upstream in its own process; the proxy spends ~3-4 ms of CPU per journaled write in all):
+below. Measured on this machine (2 vCPU, loopback, `bench/keepalive.py --requests 2000 --runs 3`: the
+sender's CPU per write in its process, median of 3 runs, the upstream in a process of its own; the proxy as a
+whole spends ~3-4 ms of CPU per journaled write):
 
-    upstream  concurrency  reused connection        fresh connection per write
-    http      1            0.16 ms CPU, p50 0.20 ms  0.35 ms CPU, p50 0.39 ms
-    http      16           0.13 ms CPU               0.23 ms CPU
-    https     1            0.17 ms CPU, p50 0.22 ms  1.42 ms CPU, p50 1.75 ms
-    https     16           0.14 ms CPU               1.10 ms CPU
+    upstream  concurrency  kept-alive connection      fresh connection per write
+    http      1            0.15 ms CPU, p50 0.18 ms   0.33 ms CPU, p50 0.36 ms
+    http      16           0.10 ms CPU                0.23 ms CPU
+    https     1            0.12 ms CPU, p50 0.14 ms   1.49 ms CPU, p50 2.18 ms
+    https     16           0.26 ms CPU                1.08 ms CPU
 
-So reuse buys ~0.1-0.2 ms of CPU per write to an http upstream and ~1-1.3 ms to an https one (a TLS
-handshake; resuming TLS sessions did not reduce it here), plus one round trip (two for TLS) of latency to a
+So reuse would buy ~0.1-0.2 ms of CPU per write to an http upstream and ~0.8-1.4 ms to an https one (the TLS
+handshake; resuming TLS sessions did not reduce it here), plus one round trip (two with TLS) of latency to a
 remote upstream. A false outcome_unknown costs a blocked retry and a reconciliation or a person. We pay the
 connection. The request says `Connection: close`, and our side closes once the upstream has (or after
 LINGER), so the TIME_WAIT stays with the upstream rather than using up this host's ports.
