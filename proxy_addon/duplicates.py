@@ -78,7 +78,10 @@ _PROBLEMS = {
 
 def decide(blocker: Blocker | None, after_success: AfterSuccess) -> RetryDecision:
     if blocker is None:
-        explanation = "no open receipt and no recent success for this request: a retry gets a new receipt and is sent"
+        explanation = (
+            "no open receipt and no recent success for this request (or a later PUT, PATCH or DELETE to its target "
+            "ended that success's window): a retry gets a new receipt and is sent"
+        )
         return RetryDecision("forwarded", None, None, None, explanation)
     r = blocker.receipt
     if blocker.kind == BlockKind.KEY_MISMATCH:
@@ -93,7 +96,7 @@ def decide(blocker: Blocker | None, after_success: AfterSuccess) -> RetryDecisio
         return RetryDecision("replayed", RefusalReason.DUPLICATE_SUCCEEDED_REPLAY, blocker, until, explanation)
     explanation = f"{r.operation_id} succeeded within the after_success window: nothing is forwarded"
     if after_success.policy == "replay":
-        explanation += " (its answer was not stored whole and unaltered, so it is not replayed)"
+        explanation += " (it holds no answer that can be replayed as it was delivered)"
     return RetryDecision("refused", RefusalReason.DUPLICATE_SUCCEEDED_REFUSE, blocker, until, explanation)
 
 

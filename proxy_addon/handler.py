@@ -94,11 +94,11 @@ class JournalHandler:
 
     async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Outcome:
         agent_key = _header(facts, policy.idempotency_key_header)
-        started = time.perf_counter()
         waited = False
         wait_until: float | None = None
         loop = asyncio.get_running_loop()
         while True:
+            started = time.perf_counter()
             try:
                 intent, rule = await self._on_journal_thread(self._record, facts, policy, agent_key, operation_id)
                 break
