@@ -198,8 +198,7 @@ def redact_header_list(headers: list[tuple[str, str]], secret_headers: frozenset
 def redact_headers(headers: list[tuple[str, str]], secret_headers: frozenset[str]) -> dict[str, str]:
     """A header dict safe to store: secret headers keep their name with the value replaced."""
     out: dict[str, str] = {}
-    for name, value in headers:
+    for name, shown in redact_header_list(headers, secret_headers):
         key = name.lower()
-        shown = REDACTED if key in secret_headers else value
         out[key] = f"{out[key]}, {shown}" if key in out else shown
     return out
