@@ -4,7 +4,8 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
     mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(handler.py); `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run beside it, each its own concern.
+(handler.py); `StreamLargeBodies`, `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run beside it, each its
+own concern.
 """
 
 import os
@@ -16,6 +17,7 @@ if __package__ in (None, "") and "proxy_addon" not in sys.modules:  # loaded by 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.connection import ConnectionState
 
 from proxy_addon import answers
 from proxy_addon.account import AccountHasher, load_or_create_key
@@ -31,6 +33,7 @@ from proxy_addon.reconcile.worker import InProxyReconciler
 from proxy_addon.recovery import Heartbeat, new_instance_id
 from proxy_addon.sender import TLSSettings, UpstreamSender
 from proxy_addon.store import ReceiptStore
+from proxy_addon.streaming import StreamLargeBodies
 
 log = get_logger("receipts.proxy")
 
@@ -107,15 +110,19 @@ class Receipts:
 
     async def done(self) -> None:
         if self.handler is not None:
+            await self.handler.waiters.aclose()
             await self.handler.sender.aclose()
         if self.store is not None:
             self.store.close()
 
+    def journals(self, flow: http.HTTPFlow) -> bool:
+        """Whether this request is journaled (else it passes through, untouched; streaming.py streams it)."""
+        return self.handler is not None and self.config is not None and flow.request.method.upper() in self.config.proxy.methods
+
     async def request(self, flow: http.HTTPFlow) -> None:
-        if flow.response or flow.error or not flow.live:
+        if flow.response or flow.error or not flow.live or not self.journals(flow):
             return
-        if self.handler is None or self.config is None or flow.request.method.upper() not in self.config.proxy.methods:
-            return
+        assert self.handler is not None
         try:
             outcome = await self.handler.handle(request_facts(flow))
         except Exception as e:
@@ -146,6 +153,7 @@ def request_facts(flow: http.HTTPFlow) -> RequestFacts:
         url=req.url,
         raw_headers=tuple(req.headers.fields),
         raw_body=req.raw_content or b"",
+        client_gone=lambda: not flow.client_conn.state & ConnectionState.CAN_READ,
     )
 
 
@@ -178,7 +186,7 @@ def _sender() -> UpstreamSender:
 def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
-    return [journal, Heartbeat(journal), InProxyReconciler(journal), InProxyAdmin(journal)]
+    return [journal, StreamLargeBodies(journal), Heartbeat(journal), InProxyReconciler(journal), InProxyAdmin(journal)]
 
 
 addons = make_addons()
