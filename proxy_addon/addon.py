@@ -4,8 +4,9 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
     mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(handler.py); `Passthrough` (streams what is not journaled: protocols/passthrough.py), `Heartbeat`,
-`InProxyReconciler` and `InProxyAdmin` run beside it, each its own concern.
+(handler.py); `Passthrough` (streams what is not journaled: protocols/passthrough.py), `StreamLargeBodies`
+(mitmproxy's option, for pass-through bodies only), `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run
+beside it, each its own concern.
 """
 
 import os
@@ -17,6 +18,7 @@ if __package__ in (None, "") and "proxy_addon" not in sys.modules:  # loaded by 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.connection import ConnectionState
 
 from proxy_addon import answers
 from proxy_addon.account import AccountHasher, load_or_create_key
@@ -34,6 +36,7 @@ from proxy_addon.reconcile.worker import InProxyReconciler
 from proxy_addon.recovery import Heartbeat, new_instance_id
 from proxy_addon.sender import TLSSettings, UpstreamSender
 from proxy_addon.store import ReceiptStore
+from proxy_addon.streaming import StreamLargeBodies
 
 log = get_logger("receipts.proxy")
 
@@ -110,6 +113,7 @@ class Receipts:
 
     async def done(self) -> None:
         if self.handler is not None:
+            await self.handler.waiters.aclose()
             await self.handler.sender.aclose()
         if self.store is not None:
             self.store.close()
@@ -160,6 +164,7 @@ def request_facts(flow: http.HTTPFlow) -> RequestFacts:
         url=req.url,
         raw_headers=tuple(req.headers.fields),
         raw_body=req.raw_content or b"",
+        client_gone=lambda: not flow.client_conn.state & ConnectionState.CAN_READ,
     )
 
 
@@ -192,7 +197,14 @@ def _sender() -> UpstreamSender:
 def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
-    return [journal, Passthrough(journal), Heartbeat(journal), InProxyReconciler(journal), InProxyAdmin(journal)]
+    return [
+        journal,
+        Passthrough(journal),
+        StreamLargeBodies(journal),
+        Heartbeat(journal),
+        InProxyReconciler(journal),
+        InProxyAdmin(journal),
+    ]
 
 
 addons = make_addons()

@@ -12,17 +12,17 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from proxy_addon.agent_env import CA_CERT_NAME, exports
 from proxy_addon.config import ReceiptsConfig, admin_settings, load_config
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
 from proxy_addon.documents import (
     LIST_COLUMNS,
     PUBLIC_COLUMNS,
     HostFilter,
-    dumps,
     expand_states,
     host_query,
     parse_host_filter,
@@ -30,11 +30,12 @@ from proxy_addon.documents import (
     show_document,
 )
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
-from proxy_addon.journaled import BodyView, body_lines, body_summary, fold, netloc, reconcile_reads, request_view, response_view
+from proxy_addon.journaled import netloc, reconcile_reads, request_view, response_view
 from proxy_addon.records import ReceiptRecord
 from proxy_addon.review import resolve
 from proxy_addon.states import RESOLUTION_STATES
 from proxy_addon.store import ReceiptStore
+from proxy_addon.terminal import age, exchange_table, print_json, table
 from proxy_addon.units import parse_duration
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -52,57 +53,6 @@ def _store(args: argparse.Namespace, config: ReceiptsConfig | None = None) -> Re
     engine = make_engine(resolve_database_url(config.database.url))
     check_schema(engine)
     return ReceiptStore(engine)
-
-
-def _print_json(document: Any) -> None:
-    sys.stdout.write(dumps(document))
-    sys.stdout.write("\n")
-
-
-def _age(since: datetime | None) -> str:
-    if since is None:
-        return "-"
-    seconds = int((datetime.now(UTC) - since).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-_UNBROKEN_COLUMNS = frozenset({"operation_id", "blocking_operation_id"})
-_PIPED_WIDTH = 240
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in [*range(32), *range(0x7F, 0xA0)] if chr(c) not in "\t\n"}
-
-
-def _printable(value: Any) -> str:
-    """A cell as plain text: control characters (an escape sequence in a journaled body) shown as `\\x1b`."""
-    return "" if value is None else str(value).translate(_CONTROL)
-
-
-def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], lines: bool = False, header: bool = True) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    cells = [[_printable(v) for v in row] for row in rows]
-    table = Table(title=Text(title), show_lines=lines, show_header=header)
-    for i, c in enumerate(columns):
-        # ids are copied and grepped: never broken across lines; the rest folds to fit
-        if c in _UNBROKEN_COLUMNS:
-            table.add_column(c, no_wrap=True, min_width=max([len(c), *(len(r[i]) for r in cells)]))
-        else:
-            table.add_column(c, overflow="fold")
-    for row in cells:
-        table.add_row(*(Text(cell) for cell in row))  # Text: a `[bold]` in a path or a body is not markup
-    # a terminal's own width; piped output (grep, less, a file) as wide as the table needs
-    _console().print(table)
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(width=None if sys.stdout.isatty() else _PIPED_WIDTH, highlight=False)
 
 
 # -- commands -----------------------------------------------------------------------------------------------
@@ -164,7 +114,7 @@ async def _run_proxy(args: argparse.Namespace) -> int:
 
 # `receipts ls`: how a field is shown in the table (the rest as it is)
 _LIST_SHOWN: dict[str, Callable[[ReceiptRecord], Any]] = {
-    "created_at": lambda r: _age(r.created_at),
+    "created_at": lambda r: age(r.created_at),
     "host": lambda r: netloc(r.scheme, r.host, r.port),  # with its port when not the scheme's default
 }
 
@@ -175,13 +125,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
     older = timedelta(seconds=parse_duration(args.older_than)) if args.older_than else None
     rows = store.receipts.list(states=states, older_than=older, limit=args.limit, **host_query(args.host))
     if args.json:
-        _print_json([receipt_document(r) for r in rows])
+        print_json([receipt_document(r) for r in rows])
         return EXIT_OK
     if not rows:
         # a filter with a typo in it must not look like an empty journal
         print(f"0 receipts{_filters_said(args)}")
         return EXIT_OK
-    _table(
+    table(
         f"receipts ({len(rows)}){_filters_said(args)}",
         list(LIST_COLUMNS),
         [[_LIST_SHOWN.get(field, lambda r, f=field: getattr(r, f))(r) for field in LIST_COLUMNS.values()] for r in rows],
@@ -200,15 +150,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     receipt = store.receipts.get(args.id)
     history = store.receipts.history(args.id)
     if args.json:
-        _print_json(show_document(receipt, history))
+        print_json(show_document(receipt, history))
         return EXIT_OK
-    _table(
+    table(
         f"receipt {receipt.operation_id}",
         ["field", "value"],
         [(c, getattr(receipt, c)) for c in PUBLIC_COLUMNS if getattr(receipt, c) is not None],
     )
     request = request_view(receipt)
-    _exchange_table(
+    exchange_table(
         "request, as journaled (secrets redacted when it was recorded)",
         f"{request.method} {request.url}",
         request.headers,
@@ -217,17 +167,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     )
     response = response_view(receipt)
     if response is not None:
-        _exchange_table("the upstream's answer, as stored", f"status {response.status_code}", response.headers,
+        exchange_table("the upstream's answer, as stored", f"status {response.status_code}", response.headers,
                         response.body, receipt.operation_id)
     reads = reconcile_reads(history)
     if reads:
-        _table(
+        table(
             "reconciler's reads",
             ["recorded_at", "read", "status", "result", "to"],
             [(r.recorded_at.isoformat(), f"{r.method} {r.url}", r.status if r.error is None else r.error,
               r.result or "-", r.to_state) for r in reads],
         )
-    _table(
+    table(
         "history",
         ["recorded_at", "from", "to", "detail"],
         [(t.recorded_at.isoformat(), t.from_state or "-", t.to_state, json.dumps(t.detail)) for t in history],
@@ -235,57 +185,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _exchange_table(title: str, first: str, headers: dict[str, str], body: BodyView, operation_id: str) -> None:
-    folded = fold(body_lines(body))
-    shown = folded.head
-    if folded.rest:
-        shown += f"\n... {folded.more} folded: `receipts show {operation_id} --json` has it all"
-    rows = [("", first), ("headers", "\n".join(f"{k}: {v}" for k, v in headers.items()) or "-"), ("body", body_summary(body))]
-    if shown:
-        rows.append(("", shown))
-    _table(title, ["part", "value"], rows, lines=True, header=False)
-
-
-CA_CERT_NAME = "mitmproxy-ca-cert.pem"  # what mitmproxy writes into its confdir on its first start
-CA_VARIABLES = (
-    ("SSL_CERT_FILE", "OpenSSL: Python's ssl, httpx, aiohttp"),
-    ("REQUESTS_CA_BUNDLE", "requests"),
-    ("CURL_CA_BUNDLE", "curl (Debian's curl reads this, not SSL_CERT_FILE)"),
-    ("NODE_EXTRA_CA_CERTS", "Node.js"),
-)
-CHECK_URL = "https://receipts-check.invalid/"  # never resolves (RFC 2606): the proxy answers 502 not_sent itself
-
-
 def cmd_env(args: argparse.Namespace) -> int:
     """The exports that point a shell, and the agent it starts, at the proxy: `eval "$(receipts env)"`."""
-    import shlex
-
     from mitmproxy.options import CONF_DIR
 
-    host = args.listen_host
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"  # a proxy listening everywhere is reached on loopback from this machine
-    proxy = f"http://{f'[{host}]' if ':' in host else host}:{args.listen_port}"
     confdir = Path(args.confdir or CONF_DIR).expanduser().absolute()
-    ca = shlex.quote(str(confdir / CA_CERT_NAME))
-    lines = [
-        f"# receipts env: point this shell, and the agent it starts, at the receipts proxy {proxy}",
-        '# use: eval "$(receipts env)", with the --listen-host, --listen-port and --confdir given to receipts proxy',
-        *(f"export {name}={proxy}" for name in ("HTTP_PROXY", "HTTPS_PROXY")),
-        f"export http_proxy={proxy}  # curl reads only the lowercase one for http:// URLs",
-        f"export https_proxy={proxy}",
-        f"# HTTPS: trust mitmproxy's CA ({confdir} holds it once the proxy has started)",
-        *(f"export {name}={ca}  # {who}" for name, who in CA_VARIABLES),
-        "# Node.js fetch ignores the proxy variables unless told: Node 24 and later (22.21 and later): NODE_USE_ENV_PROXY=1;",
-        "#   Node 20: npm install undici@7 (in a shell without these exports: npm does not trust the proxy's CA),",
-        "#   and in the agent before its first request:",
-        "#   import { EnvHttpProxyAgent, setGlobalDispatcher } from 'undici'; setGlobalDispatcher(new EnvHttpProxyAgent());",
-        "# Hosts listed in NO_PROXY or no_proxy bypass the proxy: their writes are not journaled.",
-        "# Check that a client goes through the proxy (it prints x-receipt-id; nothing is sent anywhere, the proxy",
-        "# answers 502 not_sent itself and keeps a rejected receipt of it):",
-        f"#   curl -sS -o /dev/null -D - -X POST {CHECK_URL} | grep -i '^x-receipt-id'",
-    ]
-    print("\n".join(lines))
+    print("\n".join(exports(args.listen_host, args.listen_port, confdir)))
     if not (confdir / CA_CERT_NAME).exists():
         print(f"receipts env: {confdir / CA_CERT_NAME} does not exist yet: start the proxy once (make run) to create it",
               file=sys.stderr)
@@ -295,7 +200,7 @@ def cmd_env(args: argparse.Namespace) -> int:
 def cmd_resolve(args: argparse.Namespace) -> int:
     before, updated = resolve(_store(args), args.id, args.state, args.note, args.external_id, args.who)
     if args.json:
-        _print_json(receipt_document(updated))
+        print_json(receipt_document(updated))
     else:
         print(f"{updated.operation_id}: {before.state} -> {updated.state}")
     return EXIT_OK
@@ -305,10 +210,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     store = _store(args)
     stats = store.retention.stats()
     if args.json:
-        _print_json(dataclasses.asdict(stats))
+        print_json(dataclasses.asdict(stats))
         return EXIT_OK
-    _table("by state", ["state", "count"], sorted(stats.by_state.items()))
-    _table(
+    table("by state", ["state", "count"], sorted(stats.by_state.items()))
+    table(
         "by host",
         ["host", "state", "count"],
         [(h, s, n) for h, per in sorted(stats.by_host.items()) for s, n in sorted(per.items())],
@@ -322,7 +227,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     store = _store(args)
     deleted = store.retention.prune(timedelta(seconds=parse_duration(args.older_than)))
     if args.json:
-        _print_json({"deleted": deleted})
+        print_json({"deleted": deleted})
     else:
         print(f"deleted {deleted} terminal receipts completed more than {args.older_than} ago")
     return EXIT_OK

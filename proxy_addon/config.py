@@ -17,7 +17,7 @@ from proxy_addon.db import DEFAULT_DATABASE_URL, anchor_sqlite_url
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.operations import MUTATING_METHODS, OperationRule, ProtocolName, method_token
 from proxy_addon.protocols.hosts import check_host_key, find_host_entry, is_model_api
-from proxy_addon.units import Duration, Size, StrictModel
+from proxy_addon.units import Duration, PositiveDuration, Size, StrictModel
 
 BUILTIN_SECRET_HEADERS = (
     "authorization",
@@ -37,13 +37,24 @@ class AfterSuccess(StrictModel):
     window: Duration = 900.0
 
 
-class HostOverrides(StrictModel):
-    """What a host may set; anything left out comes from `defaults`."""
+class InFlight(StrictModel):
+    """A repeat of a write whose receipt is still in flight (planned or submitted): `refuse` it (409
+    duplicate-open), or `wait` up to `max_wait` for the original's verdict and answer it as a repeat after it."""
 
-    upstream_timeout: Duration | None = None
-    connect_timeout: Duration | None = None
+    policy: Literal["refuse", "wait"] = "refuse"
+    max_wait: PositiveDuration = 30.0
+
+
+class HostOverrides(StrictModel):
+    """What a host may set; anything left out comes from `defaults` (`upstream_deadline: null` on a host
+    turns a default deadline off)."""
+
+    upstream_timeout: PositiveDuration | None = None
+    upstream_deadline: PositiveDuration | None = None
+    connect_timeout: PositiveDuration | None = None
     unknown_statuses: list[Annotated[int, Field(ge=100, le=599)]] | None = None
     after_success: AfterSuccess | None = None
+    in_flight: InFlight | None = None
     redact_headers: list[str] | None = None
     redact_fields: list[str] | None = None
     inject_idempotency_key: bool | None = None
@@ -53,10 +64,12 @@ class HostOverrides(StrictModel):
 
 
 class Defaults(StrictModel):
-    upstream_timeout: Duration = 30.0
-    connect_timeout: Duration = 10.0
+    upstream_timeout: PositiveDuration = 30.0  # idle: the longest wait for the answer to begin, and between its reads
+    upstream_deadline: PositiveDuration | None = None  # the whole exchange, when set
+    connect_timeout: PositiveDuration = 10.0
     unknown_statuses: list[Annotated[int, Field(ge=100, le=599)]] = Field(default_factory=lambda: [500, 502, 503, 504])
     after_success: AfterSuccess = AfterSuccess()
+    in_flight: InFlight = InFlight()
     redact_headers: list[str] = Field(default_factory=list)
     redact_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_REDACT_FIELDS))
     inject_idempotency_key: bool = False
@@ -142,9 +155,11 @@ class HostPolicy:
     """The settings in force for one host (defaults merged with the host's own), with its operation rules."""
 
     upstream_timeout: float
+    upstream_deadline: float | None
     connect_timeout: float
     unknown_statuses: frozenset[int]
     after_success: AfterSuccess
+    in_flight: InFlight
     redact_headers: frozenset[str]
     redact_fields: frozenset[str]
     inject_idempotency_key: bool
@@ -209,9 +224,12 @@ class ReceiptsConfig(StrictModel):
 
         return HostPolicy(
             upstream_timeout=pick("upstream_timeout"),
+            # None is "inherit" for every other key; a host that writes `upstream_deadline: null` means "none"
+            upstream_deadline=entry.upstream_deadline if "upstream_deadline" in entry.model_fields_set else d.upstream_deadline,
             connect_timeout=pick("connect_timeout"),
             unknown_statuses=frozenset(pick("unknown_statuses")),
             after_success=pick("after_success"),
+            in_flight=pick("in_flight"),
             redact_headers=frozenset(h.lower() for h in [*BUILTIN_SECRET_HEADERS, *d.redact_headers, *(entry.redact_headers or [])]),
             redact_fields=frozenset(f.lower() for f in [*d.redact_fields, *(entry.redact_fields or [])]),
             inject_idempotency_key=pick("inject_idempotency_key"),

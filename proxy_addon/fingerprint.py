@@ -190,11 +190,15 @@ def redact_query(query: list[tuple[str, str]], redact_fields: frozenset[str]) ->
     return [(k, REDACTED if k.lower() in redact_fields else v) for k, v in query]
 
 
+def redact_header_list(headers: list[tuple[str, str]], secret_headers: frozenset[str]) -> list[list[str]]:
+    """Headers safe to store, in order and as named: a secret one keeps its name with the value replaced."""
+    return [[name, REDACTED if name.lower() in secret_headers else value] for name, value in headers]
+
+
 def redact_headers(headers: list[tuple[str, str]], secret_headers: frozenset[str]) -> dict[str, str]:
     """A header dict safe to store: secret headers keep their name with the value replaced."""
     out: dict[str, str] = {}
-    for name, value in headers:
+    for name, shown in redact_header_list(headers, secret_headers):
         key = name.lower()
-        shown = REDACTED if key in secret_headers else value
         out[key] = f"{out[key]}, {shown}" if key in out else shown
     return out

@@ -5,6 +5,7 @@ account.py's; this module puts them together for one request.
 """
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
@@ -38,6 +39,7 @@ class RequestFacts:
     url: str = ""
     raw_headers: tuple[tuple[bytes, bytes], ...] = ()
     raw_body: bytes = b""  # as the client sent it
+    client_gone: Callable[[], bool] = lambda: False  # whether the client has left (it no longer waits for an answer)
     call: Call = REST  # how its protocol reads it (protocols/): identity, operation name, answers
 
 

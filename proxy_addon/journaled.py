@@ -80,7 +80,10 @@ def response_view(r: ReceiptRecord) -> ResponseView | None:
     """The stored answer, or None when none was kept (no answer, or one the proxy did not store)."""
     if r.response_headers is None and r.response_body is None:
         return None
-    headers = {str(k): str(v) for k, v in (r.response_headers or {}).items()}
+    headers: dict[str, str] = {}
+    for name, value in r.response_header_pairs():
+        key = name.lower()
+        headers[key] = f"{headers[key]}, {value}" if key in headers else value
     stored = r.response_body or b""
     encoding = headers.get("content-encoding", "identity").strip().lower()
     note = None

@@ -453,7 +453,8 @@ def _receipt(method: str = "POST", attempts: int = 0, external_id: str | None = 
         status_code=None, external_id=external_id, error_code="upstream_timeout", error_message=None,
         authentication_recorded=False, proxy_instance=None, request_headers=None, request_body=None,
         request_body_size=0, request_body_truncated=False, body_note=None, response_headers=None,
-        response_body=None, response_body_truncated=False, reconcile_attempts=attempts, next_attempt_at=None,
+        response_body=None, response_body_truncated=False, response_body_redacted=False, reconcile_attempts=attempts,
+        next_attempt_at=None,
         lease_owner="w", lease_expires_at=NOW,
     )  # fmt: skip
 
