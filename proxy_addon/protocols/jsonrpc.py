@@ -283,7 +283,7 @@ def _response(found: Any, request_id: Any) -> dict[str, Any] | None:
     """The response to `request_id` (or the last response) among the JSON-RPC messages found."""
     messages = found if isinstance(found, list) else [found]
     responses = [m for m in messages if isinstance(m, dict) and any(k in m for k in _RESPONSE_KEYS) and "method" not in m]
-    if request_id is not None:
+    if request_id is not None and len(responses) > 1:  # one answer to one POST is this call's, whatever its id
         responses = [m for m in responses if m.get("id") == request_id and type(m.get("id")) is type(request_id)]
     return responses[-1] if responses else None
 

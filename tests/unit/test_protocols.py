@@ -325,7 +325,10 @@ DONE = {"content": [{"type": "text", "text": "made 1"}], "isError": False}
         (json_answer({"jsonrpc": "2.0", "id": 5, "result": {"resultType": "input_required", "requestState": "s"}}),
          State.REJECTED, "input_required"),
         (sse_answer(PROGRESS), State.OUTCOME_UNKNOWN, "no_jsonrpc_response"),  # the stream ended without the answer
-        (json_answer({"jsonrpc": "2.0", "id": 6, "result": DONE}), State.OUTCOME_UNKNOWN, "no_jsonrpc_response"),
+        (json_answer({"jsonrpc": "2.0", "id": "5", "result": DONE}), State.SUCCEEDED, None),  # the one answer, its id sloppy
+        (json_answer({"jsonrpc": "2.0", "method": "notifications/message"}), State.OUTCOME_UNKNOWN, "no_jsonrpc_response"),
+        (sse_answer({"jsonrpc": "2.0", "id": 6, "result": DONE}, {"jsonrpc": "2.0", "id": 7, "result": DONE}),
+         State.OUTCOME_UNKNOWN, "no_jsonrpc_response"),  # several answers, none to this call
     ],
 )  # fmt: skip
 def test_mcp_verdicts_read_the_json_rpc_answer(config, answer, state, code):
