@@ -4,8 +4,9 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
     mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(handler.py); `StreamLargeBodies`, `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run beside it, each its
-own concern.
+(handler.py); `Passthrough` (streams what is not journaled: protocols/passthrough.py), `StreamLargeBodies`
+(mitmproxy's option, for pass-through bodies only), `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run
+beside it, each its own concern.
 """
 
 import os
@@ -29,6 +30,8 @@ from proxy_addon.exceptions import ReceiptsError
 from proxy_addon.handler import JournalHandler
 from proxy_addon.intent import RequestFacts, split_query
 from proxy_addon.log import configure_logging, get_logger
+from proxy_addon.protocols.passthrough import Passthrough, mark_passing, recognised, route_of
+from proxy_addon.protocols.rest import REST
 from proxy_addon.reconcile.worker import InProxyReconciler
 from proxy_addon.recovery import Heartbeat, new_instance_id
 from proxy_addon.sender import TLSSettings, UpstreamSender
@@ -42,7 +45,7 @@ _TLS_OPTIONS = frozenset({"ssl_insecure", "ssl_verify_upstream_trusted_ca", "ssl
 
 
 class Receipts:
-    """Journals the configured methods (POST, PUT, PATCH, DELETE by default); everything else passes through untouched."""
+    """Journals the writes (the configured methods, less the reads protocols/ finds); everything else passes through."""
 
     def __init__(self) -> None:
         self.config: ReceiptsConfig | None = None
@@ -116,20 +119,28 @@ class Receipts:
             self.store.close()
 
     def journals(self, flow: http.HTTPFlow) -> bool:
-        """Whether this request is journaled (else it passes through, untouched; streaming.py streams it)."""
-        return self.handler is not None and self.config is not None and flow.request.method.upper() in self.config.proxy.methods
+        """Whether this request may be journaled, from its head (method, host, rule: protocols/routing.py); its
+        protocol may still find it a read once its body is in. Else it passes through, streamed."""
+        return self.handler is not None and self.config is not None and route_of(self.config, flow).journal
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live or not self.journals(flow):
             return
-        assert self.handler is not None
+        assert self.handler is not None and self.config is not None
+        call = REST
         try:
-            outcome = await self.handler.handle(request_facts(flow))
+            facts = await recognised(request_facts(flow), self.config)  # read or write, in its protocol
+            call = facts.call
+            if not call.journal:
+                mark_passing(flow, call.passes or call.protocol)
+                return
+            outcome = await self.handler.handle(facts)
         except Exception as e:
             # mitmproxy would log a hook's exception and forward the request anyway: fail closed instead.
             log.exception("journaling_failed", method=flow.request.method, host=flow.request.pretty_host)
             if flow.response is None:
-                flow.response = to_response(answers.journal_unavailable(f"internal error: {type(e).__name__}"), flow)
+                problem = answers.journal_unavailable(f"internal error: {type(e).__name__}")
+                flow.response = to_response(call.answer(problem), flow)
                 flow.metadata[METADATA_KEY] = {"refused": "internal_error"}
             return
         flow.metadata[METADATA_KEY] = outcome.note
@@ -186,7 +197,14 @@ def _sender() -> UpstreamSender:
 def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
-    return [journal, StreamLargeBodies(journal), Heartbeat(journal), InProxyReconciler(journal), InProxyAdmin(journal)]
+    return [
+        journal,
+        Passthrough(journal),
+        StreamLargeBodies(journal),
+        Heartbeat(journal),
+        InProxyReconciler(journal),
+        InProxyAdmin(journal),
+    ]
 
 
 addons = make_addons()

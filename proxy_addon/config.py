@@ -15,7 +15,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from proxy_addon.db import DEFAULT_DATABASE_URL, anchor_sqlite_url
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.operations import MUTATING_METHODS, OperationRule
+from proxy_addon.operations import MUTATING_METHODS, OperationRule, ProtocolName, method_token
+from proxy_addon.protocols.hosts import check_host_key, find_host_entry, is_model_api
 from proxy_addon.units import Duration, PositiveDuration, Size, StrictModel
 
 BUILTIN_SECRET_HEADERS = (
@@ -58,6 +59,8 @@ class HostOverrides(StrictModel):
     redact_fields: list[str] | None = None
     inject_idempotency_key: bool | None = None
     idempotency_key_header: str | None = None
+    journal: bool | None = None  # false: this host's traffic passes through (true: journal a model API too)
+    protocol: ProtocolName | None = None
 
 
 class Defaults(StrictModel):
@@ -71,6 +74,8 @@ class Defaults(StrictModel):
     redact_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_REDACT_FIELDS))
     inject_idempotency_key: bool = False
     idempotency_key_header: str = "Idempotency-Key"
+    journal: bool = True  # false: every host passes through unless its entry says journal: true
+    protocol: ProtocolName = "auto"  # auto | rest | graphql | jsonrpc: how requests are read (protocols/)
 
 
 class HostConfig(HostOverrides):
@@ -89,15 +94,12 @@ class ProxySettings(StrictModel):
     heartbeat_interval: Duration = 5.0
     instance_dead_after: Duration = 15.0
     journal_threads: int = Field(default=8, ge=1, le=64)
+    pass_model_apis: bool = True  # well-known model API hosts pass through unless their entry says journal: true
 
     @field_validator("methods")
     @classmethod
     def _methods(cls, methods: list[str]) -> list[str]:
-        methods = [m.upper() for m in methods]
-        for m in methods:
-            if m not in MUTATING_METHODS:
-                raise ValueError(f"method {m!r} cannot be journaled (only {', '.join(MUTATING_METHODS)})")
-        return methods
+        return [method_token(m) for m in methods]  # any method token: PURGE and MKCOL as well as POST
 
 
 class ReconcileSettings(StrictModel):
@@ -163,6 +165,9 @@ class HostPolicy:
     inject_idempotency_key: bool
     idempotency_key_header: str
     operations: tuple[OperationRule, ...]
+    journal: bool = True  # false: passes through (the host's `journal: false`, or a model API)
+    protocol: ProtocolName = "auto"
+    model_api: bool = False  # a well-known model API host (protocols/hosts.py)
 
     def match_operation(self, method: str, path: str) -> tuple[OperationRule, dict[str, str]] | None:
         for rule in self.operations:
@@ -195,7 +200,7 @@ class ReceiptsConfig(StrictModel):
     @field_validator("hosts")
     @classmethod
     def _lower_hosts(cls, hosts: dict[str, HostConfig]) -> dict[str, HostConfig]:
-        return {k.lower(): v for k, v in hosts.items()}
+        return {check_host_key(k): v for k, v in hosts.items()}
 
     def model_post_init(self, _context: Any) -> None:
         object.__setattr__(self, "_policies", {})
@@ -210,7 +215,7 @@ class ReceiptsConfig(StrictModel):
         return policy
 
     def _build_policy(self, host: str, port: int) -> HostPolicy:
-        entry = self.hosts.get(f"{host}:{port}") or self.hosts.get(host) or HostConfig()
+        entry = find_host_entry(self.hosts, host, port) or HostConfig()  # host:port > host > longest *.suffix
         d = self.defaults
 
         def pick(name: str) -> Any:
@@ -230,7 +235,15 @@ class ReceiptsConfig(StrictModel):
             inject_idempotency_key=pick("inject_idempotency_key"),
             idempotency_key_header=pick("idempotency_key_header"),
             operations=tuple(entry.operations),
+            **self._journal_policy(entry, host),
         )
+
+    def _journal_policy(self, entry: HostConfig, host: str) -> dict[str, Any]:
+        """Whether the host is journaled, and how its requests are read: a model API passes through unless
+        its own entry says journal: true (or proxy.pass_model_apis is false)."""
+        model_api = self.proxy.pass_model_apis and entry.journal is None and is_model_api(host)
+        journal = entry.journal if entry.journal is not None else self.defaults.journal and not model_api
+        return {"journal": journal, "protocol": entry.protocol or self.defaults.protocol, "model_api": model_api}
 
 
 def load_config(path: str | Path) -> ReceiptsConfig:

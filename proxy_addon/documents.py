@@ -24,7 +24,10 @@ class ReceiptView(BaseModel):
     model_config = ConfigDict(from_attributes=True, frozen=True)
 
     operation_id: str = Field(description="the receipt's id, `op_` and 32 hex digits")
-    operation: str = Field(description="the rule's name, or `METHOD host path-template`")
+    operation: str = Field(
+        description="the rule's name, the protocol's (`graphql createIssue`, `mcp tools/call create_ticket`), "
+        "or `METHOD host path-template`"
+    )
     method: str
     scheme: str
     host: str

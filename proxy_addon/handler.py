@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import structlog
@@ -88,10 +88,12 @@ class JournalHandler:
         operation_id = new_operation_id()
         self.in_flight.add(operation_id)
         try:
-            return await self._journal_and_send(facts, policy, operation_id)
+            outcome = await self._journal_and_send(facts, policy, operation_id)
         finally:
             self.in_flight.discard(operation_id)
             self.waiters.settled(operation_id)  # its verdict is recorded (or it never was sent)
+        # the answers the proxy makes, in the request's own protocol (protocols/: MCP, GraphQL, JSON-RPC)
+        return outcome if outcome.answer is None else replace(outcome, answer=facts.call.answer(outcome.answer))
 
     async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Outcome:
         agent_key = _header(facts, policy.idempotency_key_header)
@@ -126,8 +128,8 @@ class JournalHandler:
             log.debug("receipt_submitted", operation=intent.operation, method=facts.method, host=facts.host)
             timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline)
             result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
-            verdict = classify_outcome(result, policy, rule)
-            state = await self._record_verdict(intent, result, verdict, policy)
+            verdict = facts.call.verdict(classify_outcome(result, policy, rule), result)  # what its protocol says
+            state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy)
             reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
             return Outcome(reply, {"operation_id": operation_id, "state": state})
 

@@ -121,7 +121,7 @@ OP = HOST + "    operations:\n      - name: a\n        method: POST\n        pat
     (OP.replace("path: /a", "path: '/a/{id'"), "hosts.api.example.com.operations.0.path"),
     (OP.replace("path: /a", "path: 'a/{id}'"), "hosts.api.example.com.operations.0.path"),
     (OP.replace("path: /a", "path: '/a/{id}/{id}'"), "hosts.api.example.com.operations.0.path"),
-    (OP.replace("method: POST", "method: GET"), "hosts.api.example.com.operations.0.method"),
+    (OP.replace("method: POST", "method: 'GE T'"), "hosts.api.example.com.operations.0.method"),  # not a token
     (OP + "        reconcile: {strategy: lookup, url: 'https://x/{nope}'}\n",
      "hosts.api.example.com.operations.0.reconcile.url"),
     (OP + "        reconcile: {strategy: lookup}\n", "hosts.api.example.com.operations.0.reconcile"),
