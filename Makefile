@@ -1,7 +1,9 @@
 # Two commands for a newcomer: `make run` (set up, migrate, start the proxy on SQLite) and `make test`.
+# make run PORT=8090 CONFIG=path/to/config.yaml: another port, another config (paths in it are relative to it).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CONFIG ?= config.yaml
+PORT ?= 8080
 STAMP := $(VENV)/.installed
 
 .PHONY: run test venv migrate clean
@@ -20,7 +22,8 @@ migrate: $(STAMP)
 	$(VENV)/bin/receipts db upgrade --config $(CONFIG)
 
 run: migrate
-	$(VENV)/bin/receipts proxy --config $(CONFIG)
+	@echo "receipts: in the agent's shell, run: eval \"\$$($(abspath $(VENV))/bin/receipts env --listen-port $(PORT))\""
+	$(VENV)/bin/receipts proxy --config $(CONFIG) --listen-port $(PORT)
 
 test: $(STAMP)
 	scripts/ensure-postgres

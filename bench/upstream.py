@@ -5,7 +5,9 @@ client sends `Connection: close`). It runs in its own process so that it does no
 load client, prints `LISTENING <port>` on stdout once it accepts connections, and stops by itself when
 its parent dies or after --max-lifetime seconds.
 
-    python bench/upstream.py [--port 0] [--max-lifetime 3600]
+    python bench/upstream.py [--port 0] [--max-lifetime 3600] [--tls-cert CERT --tls-key KEY]
+
+With --tls-cert and --tls-key it serves HTTPS (bench/keepalive.py measures TLS connections with it).
 """
 
 import argparse
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import ssl
 import sys
 
 from http1 import chunked_end
@@ -87,9 +90,9 @@ class UpstreamProtocol(asyncio.Protocol):
         self.transport.close()
 
 
-async def serve(port: int, max_lifetime: float) -> None:
+async def serve(port: int, max_lifetime: float, tls: ssl.SSLContext | None = None) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(UpstreamProtocol, "127.0.0.1", port, backlog=1024, reuse_address=True)
+    server = await loop.create_server(UpstreamProtocol, "127.0.0.1", port, backlog=1024, reuse_address=True, ssl=tls)
     bound = server.sockets[0].getsockname()[1]
     print(f"LISTENING {bound}", flush=True)
     stop = asyncio.Event()
@@ -108,8 +111,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--max-lifetime", type=float, default=3600.0)
+    p.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     args = p.parse_args()
-    asyncio.run(serve(args.port, args.max_lifetime))
+    tls = None
+    if args.tls_cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
+    asyncio.run(serve(args.port, args.max_lifetime, tls))
     return 0
 
 

@@ -4,8 +4,10 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
     mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(handler.py); `Admission` (requests to the proxy itself, bodies over proxy.max_body), `Heartbeat`,
-`InProxyReconciler` and `InProxyAdmin` run beside it, each its own concern.
+(handler.py); `Passthrough` (streams what is not journaled: protocols/passthrough.py), `StreamLargeBodies`
+(mitmproxy's option, for pass-through bodies only), `Admission` (requests to the proxy itself, bodies over
+proxy.max_body: admission.py), `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run beside it, each its own
+concern.
 """
 
 import os
@@ -17,6 +19,7 @@ if __package__ in (None, "") and "proxy_addon" not in sys.modules:  # loaded by 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from mitmproxy import ctx, exceptions, http
+from mitmproxy.connection import ConnectionState
 
 from proxy_addon import admission, answers, bodylimit
 from proxy_addon.account import AccountHasher, load_or_create_key
@@ -28,10 +31,13 @@ from proxy_addon.exceptions import ReceiptsError
 from proxy_addon.handler import JournalHandler
 from proxy_addon.intent import RequestFacts, split_query
 from proxy_addon.log import configure_logging, get_logger, scrub_standard_logging
+from proxy_addon.protocols.passthrough import Passthrough, mark_passing, recognised, route_of
+from proxy_addon.protocols.rest import REST
 from proxy_addon.reconcile.worker import InProxyReconciler
 from proxy_addon.recovery import Heartbeat, new_instance_id
 from proxy_addon.sender import TLSSettings, UpstreamSender
 from proxy_addon.store import ReceiptStore
+from proxy_addon.streaming import StreamLargeBodies
 
 log = get_logger("receipts.proxy")
 
@@ -40,7 +46,7 @@ _TLS_OPTIONS = frozenset({"ssl_insecure", "ssl_verify_upstream_trusted_ca", "ssl
 
 
 class Receipts:
-    """Journals the configured methods (POST, PUT, PATCH, DELETE by default); everything else passes through untouched."""
+    """Journals the writes (the configured methods, less the reads protocols/ finds); everything else passes through."""
 
     def __init__(self) -> None:
         self.config: ReceiptsConfig | None = None
@@ -109,31 +115,43 @@ class Receipts:
 
     async def done(self) -> None:
         if self.handler is not None:
+            await self.handler.waiters.aclose()
             await self.handler.sender.aclose()
         if self.store is not None:
             self.store.close()
 
+    def journals(self, flow: http.HTTPFlow) -> bool:
+        """Whether this request may be journaled, from its head (method, host, rule: protocols/routing.py); its
+        protocol may still find it a read once its body is in. Else it passes through, streamed."""
+        return self.handler is not None and self.config is not None and route_of(self.config, flow).journal
+
     async def request(self, flow: http.HTTPFlow) -> None:
-        if flow.response or flow.error or not flow.live:
+        if flow.response or flow.error or not flow.live or not self.journals(flow):
             return
-        if self.handler is None or self.config is None or flow.request.method.upper() not in self.config.proxy.methods:
-            return
+        assert self.handler is not None and self.config is not None
         max_body = self.config.proxy.max_body
         facts = request_facts(flow, max_body)
-        refused = admission.refusal(flow, facts, max_body)
+        refused = admission.refusal(flow, facts, max_body)  # over max_body, or bad in itself: before its protocol is read
         if refused is not None:
             answer, reason = refused
             log.info("request_refused", reason=reason, method=facts.method, host=facts.host)
             flow.response = to_response(answer, flow)
             flow.metadata[METADATA_KEY] = {"refused": reason}
             return
+        call = REST
         try:
+            facts = await recognised(facts, self.config)  # read or write, in its protocol
+            call = facts.call
+            if not call.journal:
+                mark_passing(flow, call.passes or call.protocol)
+                return
             outcome = await self.handler.handle(facts)
         except Exception as e:
             # mitmproxy would log a hook's exception and forward the request anyway: fail closed instead.
             log.exception("journaling_failed", method=flow.request.method, host=flow.request.pretty_host)
             if flow.response is None:
-                flow.response = to_response(answers.journal_unavailable(f"internal error: {type(e).__name__}"), flow)
+                problem = answers.journal_unavailable(f"internal error: {type(e).__name__}")
+                flow.response = to_response(call.answer(problem), flow)
                 flow.metadata[METADATA_KEY] = {"refused": "internal_error"}
             return
         flow.metadata[METADATA_KEY] = outcome.note
@@ -158,6 +176,7 @@ def request_facts(flow: http.HTTPFlow, max_body: int = bodylimit.NO_LIMIT) -> Re
         url=req.url,
         raw_headers=tuple(req.headers.fields),
         raw_body=req.raw_content or b"",
+        client_gone=lambda: not flow.client_conn.state & ConnectionState.CAN_READ,
     )
 
 
@@ -191,7 +210,15 @@ def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
     admin = InProxyAdmin(journal)
-    return [journal, admission.Admission(journal, admin, to_response), Heartbeat(journal), InProxyReconciler(journal), admin]
+    return [
+        journal,
+        admission.Admission(journal, admin, to_response),  # before Passthrough: what it refuses is never streamed
+        Passthrough(journal),
+        StreamLargeBodies(journal),
+        Heartbeat(journal),
+        InProxyReconciler(journal),
+        admin,
+    ]
 
 
 addons = make_addons()

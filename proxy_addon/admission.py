@@ -192,9 +192,9 @@ class Admission:
         return own
 
     def _journaled(self, flow: http.HTTPFlow) -> int | None:
-        """`proxy.max_body` when this request is journaled, else None."""
+        """`proxy.max_body` when this request may be journaled (from its head), else None."""
         config = self.journal.config
-        if config is None or flow.request.method.upper() not in config.proxy.methods:
+        if config is None or not self.journal.journals(flow):
             return None
         return int(config.proxy.max_body)
 
@@ -207,6 +207,7 @@ class Admission:
         return True
 
     def _answer(self, flow: http.HTTPFlow, answer: Answer, reason: str) -> None:
+        flow.request.stream = False  # mitmproxy refuses an answer set on a request it streams
         flow.response = self.respond(answer, flow)
         flow.metadata[METADATA_KEY] = {"refused": reason}
 

@@ -44,10 +44,15 @@ def answer(status: int, body: bytes, headers: dict[str, str] | None = None, reas
     return Answer(status, (*fields, (b"content-length", str(len(body)).encode())), body, reason)
 
 
+def exact(status: int, headers: list[tuple[bytes, bytes]], body: bytes, reason: str | None = None) -> Answer:
+    """These headers as given (names, order, repeats), with the body as given and its Content-Length."""
+    kept = tuple((k, v) for k, v in headers if k.lower() != b"content-length")
+    return Answer(status, (*kept, (b"content-length", str(len(body)).encode())), body, reason)
+
+
 def from_upstream(a: UpstreamAnswer) -> Answer:
     """The upstream's answer as it came (hop-by-hop headers already dropped by the sender)."""
-    headers = tuple((k, v) for k, v in a.headers if k.lower() != b"content-length")
-    return Answer(a.status_code, (*headers, (b"content-length", str(len(a.content)).encode())), a.content, a.reason)
+    return exact(a.status_code, a.headers, a.content, a.reason)
 
 
 def with_receipt(a: Answer, operation_id: str, state: str) -> Answer:
@@ -64,7 +69,9 @@ def problem(status: int, kind: str, title: str, detail: str, **extra: Any) -> An
     return answer(status, json.dumps(document).encode(), {"Content-Type": PROBLEM_CONTENT_TYPE, "Cache-Control": "no-store"})
 
 
-def outcome_unknown(operation_id: str, reason: str, upstream_status: int | None = None) -> Answer:
+def outcome_unknown(
+    operation_id: str, reason: str, upstream_status: int | None = None, state: str = "outcome_unknown"
+) -> Answer:
     return problem(
         504,
         "outcome-unknown",
@@ -72,7 +79,7 @@ def outcome_unknown(operation_id: str, reason: str, upstream_status: int | None 
         f"{reason}. The upstream may have acted on this request; retrying it is blocked until the receipt "
         "is reconciled (receipts reconcile) or resolved by a person.",
         operation_id=operation_id,
-        state="outcome_unknown",
+        state=state,
         upstream_status=upstream_status,
     )
 
@@ -100,14 +107,18 @@ def duplicate_open(operation_id: str, state: str) -> Answer:
     )
 
 
-def duplicate_succeeded(operation_id: str) -> Answer:
+def duplicate_succeeded(operation_id: str, upstream_status: int | None = None, external_id: str | None = None) -> Answer:
     return problem(
         409,
         "duplicate-succeeded",
         "Duplicate of a recent success",
-        f"The same request already succeeded as {operation_id}; it was not forwarded again.",
+        f"The same request already succeeded as {operation_id}"
+        + (f" (the upstream answered {upstream_status})" if upstream_status else "")
+        + "; it was not forwarded again.",
         operation_id=operation_id,
         state="succeeded",
+        upstream_status=upstream_status,
+        external_id=external_id,
     )
 
 

@@ -12,17 +12,31 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
+from pathlib import Path
 from typing import Any, NoReturn
 
+from proxy_addon.agent_env import CA_CERT_NAME, exports
 from proxy_addon.config import ReceiptsConfig, admin_settings, load_config
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
-from proxy_addon.documents import LIST_COLUMNS, PUBLIC_COLUMNS, dumps, expand_states, receipt_document, show_document
+from proxy_addon.documents import (
+    LIST_COLUMNS,
+    PUBLIC_COLUMNS,
+    HostFilter,
+    expand_states,
+    host_query,
+    parse_host_filter,
+    receipt_document,
+    show_document,
+)
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
+from proxy_addon.journaled import netloc, reconcile_reads, request_view, response_view
+from proxy_addon.records import ReceiptRecord
 from proxy_addon.redaction import SecretFields, SecretHeaders
 from proxy_addon.review import resolve
 from proxy_addon.states import RESOLUTION_STATES
 from proxy_addon.store import ReceiptStore
+from proxy_addon.terminal import age, exchange_table, print_json, table
 from proxy_addon.units import parse_duration
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -40,47 +54,6 @@ def _store(args: argparse.Namespace, config: ReceiptsConfig | None = None) -> Re
     engine = make_engine(resolve_database_url(config.database.url))
     check_schema(engine)
     return ReceiptStore(engine)
-
-
-def _print_json(document: Any) -> None:
-    sys.stdout.write(dumps(document))
-    sys.stdout.write("\n")
-
-
-def _age(since: datetime | None) -> str:
-    if since is None:
-        return "-"
-    seconds = int((datetime.now(UTC) - since).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-def _plain(value: Any) -> Any:
-    return value
-
-
-_UNBROKEN_COLUMNS = frozenset({"operation_id", "blocking_operation_id"})
-_PIPED_WIDTH = 240
-
-
-def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    cells = [["" if v is None else str(v) for v in row] for row in rows]
-    table = Table(title=title, show_lines=False)
-    for i, c in enumerate(columns):
-        # ids are copied and grepped: never broken across lines; the rest folds to fit
-        if c in _UNBROKEN_COLUMNS:
-            table.add_column(c, no_wrap=True, min_width=max([len(c), *(len(r[i]) for r in cells)]))
-        else:
-            table.add_column(c, overflow="fold")
-    for row in cells:
-        table.add_row(*row)
-    # a terminal's own width; piped output (grep, less, a file) as wide as the table needs
-    Console(width=None if sys.stdout.isatty() else _PIPED_WIDTH).print(table)
 
 
 # -- commands -----------------------------------------------------------------------------------------------
@@ -140,21 +113,37 @@ async def _run_proxy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# `receipts ls`: how a field is shown in the table (the rest as it is)
+_LIST_SHOWN: dict[str, Callable[[ReceiptRecord], Any]] = {
+    "created_at": lambda r: age(r.created_at),
+    "host": lambda r: netloc(r.scheme, r.host, r.port),  # with its port when not the scheme's default
+}
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     store = _store(args)
     states = expand_states([args.state]) if args.state else None
     older = timedelta(seconds=parse_duration(args.older_than)) if args.older_than else None
-    rows = store.receipts.list(states=states, host=args.host, older_than=older, limit=args.limit)
+    rows = store.receipts.list(states=states, older_than=older, limit=args.limit, **host_query(args.host))
     if args.json:
-        _print_json([receipt_document(r) for r in rows])
+        print_json([receipt_document(r) for r in rows])
         return EXIT_OK
-    shown = {"created_at": _age}
-    _table(
-        f"receipts ({len(rows)})",
+    if not rows:
+        # a filter with a typo in it must not look like an empty journal
+        print(f"0 receipts{_filters_said(args)}")
+        return EXIT_OK
+    table(
+        f"receipts ({len(rows)}){_filters_said(args)}",
         list(LIST_COLUMNS),
-        [[shown.get(field, _plain)(getattr(r, field)) for field in LIST_COLUMNS.values()] for r in rows],
+        [[_LIST_SHOWN.get(field, lambda r, f=field: getattr(r, f))(r) for field in LIST_COLUMNS.values()] for r in rows],
     )
     return EXIT_OK
+
+
+def _filters_said(args: argparse.Namespace) -> str:
+    said = [f"{flag} {value}" for flag, value in
+            (("--state", args.state), ("--host", args.host), ("--older-than", args.older_than)) if value]
+    return f" matching {' '.join(said)}" if said else ""
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -162,14 +151,34 @@ def cmd_show(args: argparse.Namespace) -> int:
     receipt = store.receipts.get(args.id)
     history = store.receipts.history(args.id)
     if args.json:
-        _print_json(show_document(receipt, history))
+        print_json(show_document(receipt, history))
         return EXIT_OK
-    _table(
+    table(
         f"receipt {receipt.operation_id}",
         ["field", "value"],
         [(c, getattr(receipt, c)) for c in PUBLIC_COLUMNS if getattr(receipt, c) is not None],
     )
-    _table(
+    request = request_view(receipt)
+    exchange_table(
+        "request, as journaled (secrets redacted when it was recorded)",
+        f"{request.method} {request.url}",
+        request.headers,
+        request.body,
+        receipt.operation_id,
+    )
+    response = response_view(receipt)
+    if response is not None:
+        exchange_table("the upstream's answer, as stored", f"status {response.status_code}", response.headers,
+                        response.body, receipt.operation_id)
+    reads = reconcile_reads(history)
+    if reads:
+        table(
+            "reconciler's reads",
+            ["recorded_at", "read", "status", "result", "to"],
+            [(r.recorded_at.isoformat(), f"{r.method} {r.url}", r.status if r.error is None else r.error,
+              r.result or "-", r.to_state) for r in reads],
+        )
+    table(
         "history",
         ["recorded_at", "from", "to", "detail"],
         [(t.recorded_at.isoformat(), t.from_state or "-", t.to_state, json.dumps(t.detail)) for t in history],
@@ -177,10 +186,22 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_env(args: argparse.Namespace) -> int:
+    """The exports that point a shell, and the agent it starts, at the proxy: `eval "$(receipts env)"`."""
+    from mitmproxy.options import CONF_DIR
+
+    confdir = Path(args.confdir or CONF_DIR).expanduser().absolute()
+    print("\n".join(exports(args.listen_host, args.listen_port, confdir)))
+    if not (confdir / CA_CERT_NAME).exists():
+        print(f"receipts env: {confdir / CA_CERT_NAME} does not exist yet: start the proxy once (make run) to create it",
+              file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_resolve(args: argparse.Namespace) -> int:
     before, updated = resolve(_store(args), args.id, args.state, args.note, args.external_id, args.who)
     if args.json:
-        _print_json(receipt_document(updated))
+        print_json(receipt_document(updated))
     else:
         print(f"{updated.operation_id}: {before.state} -> {updated.state}")
     return EXIT_OK
@@ -190,10 +211,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     store = _store(args)
     stats = store.retention.stats()
     if args.json:
-        _print_json(dataclasses.asdict(stats))
+        print_json(dataclasses.asdict(stats))
         return EXIT_OK
-    _table("by state", ["state", "count"], sorted(stats.by_state.items()))
-    _table(
+    table("by state", ["state", "count"], sorted(stats.by_state.items()))
+    table(
         "by host",
         ["host", "state", "count"],
         [(h, s, n) for h, per in sorted(stats.by_host.items()) for s, n in sorted(per.items())],
@@ -207,7 +228,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     store = _store(args)
     deleted = store.retention.prune(timedelta(seconds=parse_duration(args.older_than)))
     if args.json:
-        _print_json({"deleted": deleted})
+        print_json({"deleted": deleted})
     else:
         print(f"deleted {deleted} terminal receipts completed more than {args.older_than} ago")
     return EXIT_OK
@@ -225,7 +246,7 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     if args.vacuum and not args.dry_run:
         store.scrub.vacuum()
     if args.json:
-        _print_json({**dataclasses.asdict(counts), "dry_run": args.dry_run})
+        print_json({**dataclasses.asdict(counts), "dry_run": args.dry_run})
     else:
         verb = "would change" if args.dry_run else "changed"
         print(
@@ -275,6 +296,13 @@ def _duration_arg(text: str) -> str:
     return text
 
 
+def _host_arg(text: str) -> HostFilter:
+    try:
+        return parse_host_filter(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _state_arg(text: str) -> str:
     try:
         expand_states([text])
@@ -309,6 +337,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ssl-insecure", action="store_true", help="do not verify upstream TLS certificates")
     p.add_argument("--set", action="append", metavar="OPTION=VALUE", help="any mitmproxy option")
 
+    p = command("env", cmd_env, "print the shell exports that point an agent at the proxy (HTTP(S)_PROXY, the CA variables)")
+    p.add_argument("--listen-host", default="127.0.0.1", help="the proxy's address, as given to receipts proxy")
+    p.add_argument("--listen-port", type=int, default=8080)
+    p.add_argument("--confdir", default=None, help="mitmproxy's directory for its CA, as given to receipts proxy (default ~/.mitmproxy)")
+
     p = command("reconcile", cmd_reconcile, "resolve outcome_unknown receipts by reading the upstream")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="one pass over the queue, then exit")
@@ -316,12 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("ls", cmd_ls, "list receipts, newest first")
     p.add_argument("--state", type=_state_arg, help="a state, or open, or unknown (outcome_unknown, reconciling, manual_review)")
-    p.add_argument("--host")
+    p.add_argument("--host", type=_host_arg, help="a host, or host:port ([::1]:8080 for IPv6)")
     p.add_argument("--older-than", type=_duration_arg, help="only receipts created longer ago than this (e.g. 10m)")
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--json", action="store_true")
 
-    p = command("show", cmd_show, "one receipt with its whole transition history")
+    p = command("show", cmd_show, "one receipt: the request as journaled, the stored answer, the reconciler's reads, its history")
     p.add_argument("id")
     p.add_argument("--json", action="store_true")
 

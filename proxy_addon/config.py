@@ -13,10 +13,12 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from proxy_addon.db import DEFAULT_DATABASE_URL, anchor_sqlite_url
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.operations import MUTATING_METHODS, OperationRule
+from proxy_addon.operations import MUTATING_METHODS, OperationRule, ProtocolName, method_token
+from proxy_addon.protocols.hosts import check_host_key, find_host_entry, is_model_api
 from proxy_addon.redaction import SECRET_HEADER_NAMES, SecretFields, SecretHeaders
-from proxy_addon.units import Duration, Size, StrictModel
+from proxy_addon.units import Duration, PositiveDuration, Size, StrictModel
 
 # The secret headers named outright; redaction.py adds every name containing auth, token, key, ...
 BUILTIN_SECRET_HEADERS = SECRET_HEADER_NAMES
@@ -29,28 +31,45 @@ class AfterSuccess(StrictModel):
     window: Duration = 900.0
 
 
-class HostOverrides(StrictModel):
-    """What a host may set; anything left out comes from `defaults`."""
+class InFlight(StrictModel):
+    """A repeat of a write whose receipt is still in flight (planned or submitted): `refuse` it (409
+    duplicate-open), or `wait` up to `max_wait` for the original's verdict and answer it as a repeat after it."""
 
-    upstream_timeout: Duration | None = None
-    connect_timeout: Duration | None = None
+    policy: Literal["refuse", "wait"] = "refuse"
+    max_wait: PositiveDuration = 30.0
+
+
+class HostOverrides(StrictModel):
+    """What a host may set; anything left out comes from `defaults` (`upstream_deadline: null` on a host
+    turns a default deadline off)."""
+
+    upstream_timeout: PositiveDuration | None = None
+    upstream_deadline: PositiveDuration | None = None
+    connect_timeout: PositiveDuration | None = None
     unknown_statuses: list[Annotated[int, Field(ge=100, le=599)]] | None = None
     after_success: AfterSuccess | None = None
+    in_flight: InFlight | None = None
     redact_headers: list[str] | None = None
     redact_fields: list[str] | None = None
     inject_idempotency_key: bool | None = None
     idempotency_key_header: str | None = None
+    journal: bool | None = None  # false: this host's traffic passes through (true: journal a model API too)
+    protocol: ProtocolName | None = None
 
 
 class Defaults(StrictModel):
-    upstream_timeout: Duration = 30.0
-    connect_timeout: Duration = 10.0
+    upstream_timeout: PositiveDuration = 30.0  # idle: the longest wait for the answer to begin, and between its reads
+    upstream_deadline: PositiveDuration | None = None  # the whole exchange, when set
+    connect_timeout: PositiveDuration = 10.0
     unknown_statuses: list[Annotated[int, Field(ge=100, le=599)]] = Field(default_factory=lambda: [500, 502, 503, 504])
     after_success: AfterSuccess = AfterSuccess()
+    in_flight: InFlight = InFlight()
     redact_headers: list[str] = Field(default_factory=list)
     redact_fields: list[str] = Field(default_factory=lambda: list(DEFAULT_REDACT_FIELDS))
     inject_idempotency_key: bool = False
     idempotency_key_header: str = "Idempotency-Key"
+    journal: bool = True  # false: every host passes through unless its entry says journal: true
+    protocol: ProtocolName = "auto"  # auto | rest | graphql | jsonrpc: how requests are read (protocols/)
 
 
 class HostConfig(HostOverrides):
@@ -70,15 +89,12 @@ class ProxySettings(StrictModel):
     heartbeat_interval: Duration = 5.0
     instance_dead_after: Duration = 15.0
     journal_threads: int = Field(default=8, ge=1, le=64)
+    pass_model_apis: bool = True  # well-known model API hosts pass through unless their entry says journal: true
 
     @field_validator("methods")
     @classmethod
     def _methods(cls, methods: list[str]) -> list[str]:
-        methods = [m.upper() for m in methods]
-        for m in methods:
-            if m not in MUTATING_METHODS:
-                raise ValueError(f"method {m!r} cannot be journaled (only {', '.join(MUTATING_METHODS)})")
-        return methods
+        return [method_token(m) for m in methods]  # any method token: PURGE and MKCOL as well as POST
 
 
 class ReconcileSettings(StrictModel):
@@ -141,14 +157,19 @@ class HostPolicy:
     """The settings in force for one host (defaults merged with the host's own), with its operation rules."""
 
     upstream_timeout: float
+    upstream_deadline: float | None
     connect_timeout: float
     unknown_statuses: frozenset[int]
     after_success: AfterSuccess
+    in_flight: InFlight
     redact_headers: SecretHeaders  # the configured ones; `name in` applies redaction.py's whole rule
     redact_fields: SecretFields
     inject_idempotency_key: bool
     idempotency_key_header: str
     operations: tuple[OperationRule, ...]
+    journal: bool = True  # false: passes through (the host's `journal: false`, or a model API)
+    protocol: ProtocolName = "auto"
+    model_api: bool = False  # a well-known model API host (protocols/hosts.py)
 
     def match_operation(self, method: str, path: str) -> tuple[OperationRule, dict[str, str]] | None:
         for rule in self.operations:
@@ -168,7 +189,7 @@ class ReceiptsConfig(StrictModel):
     reconcile: ReconcileSettings = ReconcileSettings()
     admin: AdminSettings = AdminSettings()
     logging: LoggingSettings = LoggingSettings()
-    secret_file: str = ".receipts-secret"
+    secret_file: str = ".receipts-secret"  # relative to the config file's directory (load_config)
 
     @model_validator(mode="before")
     @classmethod
@@ -181,7 +202,7 @@ class ReceiptsConfig(StrictModel):
     @field_validator("hosts")
     @classmethod
     def _lower_hosts(cls, hosts: dict[str, HostConfig]) -> dict[str, HostConfig]:
-        return {k.lower(): v for k, v in hosts.items()}
+        return {check_host_key(k): v for k, v in hosts.items()}
 
     def model_post_init(self, _context: Any) -> None:
         object.__setattr__(self, "_policies", {})
@@ -196,7 +217,7 @@ class ReceiptsConfig(StrictModel):
         return policy
 
     def _build_policy(self, host: str, port: int) -> HostPolicy:
-        entry = self.hosts.get(f"{host}:{port}") or self.hosts.get(host) or HostConfig()
+        entry = find_host_entry(self.hosts, host, port) or HostConfig()  # host:port > host > longest *.suffix
         d = self.defaults
 
         def pick(name: str) -> Any:
@@ -205,19 +226,33 @@ class ReceiptsConfig(StrictModel):
 
         return HostPolicy(
             upstream_timeout=pick("upstream_timeout"),
+            # None is "inherit" for every other key; a host that writes `upstream_deadline: null` means "none"
+            upstream_deadline=entry.upstream_deadline if "upstream_deadline" in entry.model_fields_set else d.upstream_deadline,
             connect_timeout=pick("connect_timeout"),
             unknown_statuses=frozenset(pick("unknown_statuses")),
             after_success=pick("after_success"),
+            in_flight=pick("in_flight"),
             redact_headers=SecretHeaders(h.lower() for h in [*d.redact_headers, *(entry.redact_headers or [])]),
             redact_fields=SecretFields(f.lower() for f in [*d.redact_fields, *(entry.redact_fields or [])]),
             inject_idempotency_key=pick("inject_idempotency_key"),
             idempotency_key_header=pick("idempotency_key_header"),
             operations=tuple(entry.operations),
+            **self._journal_policy(entry, host),
         )
+
+    def _journal_policy(self, entry: HostConfig, host: str) -> dict[str, Any]:
+        """Whether the host is journaled, and how its requests are read: a model API passes through unless
+        its own entry says journal: true (or proxy.pass_model_apis is false)."""
+        model_api = self.proxy.pass_model_apis and entry.journal is None and is_model_api(host)
+        journal = entry.journal if entry.journal is not None else self.defaults.journal and not model_api
+        return {"journal": journal, "protocol": entry.protocol or self.defaults.protocol, "model_api": model_api}
 
 
 def load_config(path: str | Path) -> ReceiptsConfig:
-    """Read and validate a config file; any problem is one ConfigError line naming the file and the key."""
+    """Read and validate a config file; any problem is one ConfigError line naming the file and the key.
+
+    Relative paths in it (a `sqlite:///relative.db` URL, `secret_file`, and their defaults) are made absolute
+    against the file's own directory, so every command finds the same database wherever it is run from."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -225,10 +260,20 @@ def load_config(path: str | Path) -> ReceiptsConfig:
         raise ConfigError(f"{path}: config file not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read config file: {e}") from None
-    return parse_config(text, source=str(path))
+    return parse_config(text, source=str(path), base_dir=path.absolute().parent)
 
 
-def parse_config(text: str, source: str = "config") -> ReceiptsConfig:
+def anchor_paths(config: ReceiptsConfig, base_dir: Path) -> ReceiptsConfig:
+    """The config with its relative paths taken from `base_dir`: `database.url` (a relative SQLite file; when
+    unset, the default `sqlite:///receipts.db`) and `secret_file`. `RECEIPTS_DATABASE_URL` is not touched."""
+    database = config.database.model_copy(update={"url": anchor_sqlite_url(config.database.url or DEFAULT_DATABASE_URL, base_dir)})
+    secret_file = str(base_dir / Path(config.secret_file).expanduser())
+    anchored = config.model_copy(update={"database": database, "secret_file": secret_file})
+    object.__setattr__(anchored, "_policies", {})  # not the original's cache
+    return anchored
+
+
+def parse_config(text: str, source: str = "config", base_dir: Path | None = None) -> ReceiptsConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -241,9 +286,10 @@ def parse_config(text: str, source: str = "config") -> ReceiptsConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of keys (database, defaults, hosts, ...)")
     try:
-        return ReceiptsConfig.model_validate(data)
+        config = ReceiptsConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(f"{source}: {describe_validation_error(e)}") from None
+    return config if base_dir is None else anchor_paths(config, base_dir)
 
 
 def admin_settings(config: ReceiptsConfig, **overrides: Any) -> AdminSettings:

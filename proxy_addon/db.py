@@ -34,6 +34,21 @@ def resolve_database_url(configured: str | None) -> str:
     return os.environ.get(DATABASE_URL_ENV) or configured or DEFAULT_DATABASE_URL
 
 
+def anchor_sqlite_url(raw: str, base_dir: Path) -> str:
+    """A SQLite URL with a relative file path made absolute against `base_dir` (a config file's directory);
+    any other URL, or one that does not parse (parse_database_url reports it later), unchanged."""
+    try:
+        url = make_url(raw)
+    except ArgumentError:
+        return raw
+    database = url.database
+    if url.get_backend_name() != "sqlite" or not database or database == ":memory:" or database.startswith("file:"):
+        return raw
+    if Path(database).is_absolute():
+        return raw
+    return url.set(database=str(base_dir / database)).render_as_string(hide_password=False)
+
+
 def parse_database_url(raw: str) -> URL:
     """Validate a URL and pick the psycopg 3 driver for a bare `postgresql://`."""
     try:

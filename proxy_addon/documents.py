@@ -2,15 +2,16 @@
 
 `ReceiptView` is the one definition: its fields are the keys of `receipts ls --json` and of the admin API's
 receipts, the OpenAPI schema `Receipt` is generated from it (openapi.py), and the CLI's tables take their
-columns from it.
+columns from it. `receipts show` adds the request as journaled and the stored answer (journaled.py's views).
 """
 
 import json
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from proxy_addon.journaled import request_view, response_view
 from proxy_addon.records import ReceiptRecord, TransitionRecord
 from proxy_addon.states import OPEN_STATES, State
 
@@ -23,7 +24,10 @@ class ReceiptView(BaseModel):
     model_config = ConfigDict(from_attributes=True, frozen=True)
 
     operation_id: str = Field(description="the receipt's id, `op_` and 32 hex digits")
-    operation: str = Field(description="the rule's name, or `METHOD host path-template`")
+    operation: str = Field(
+        description="the rule's name, the protocol's (`graphql createIssue`, `mcp tools/call create_ticket`), "
+        "or `METHOD host path-template`"
+    )
     method: str
     scheme: str
     host: str
@@ -96,8 +100,55 @@ def transition_document(t: TransitionRecord) -> dict[str, Any]:
 
 
 def show_document(r: ReceiptRecord, history: list[TransitionRecord]) -> dict[str, Any]:
-    """`receipts show --json`: the receipt with its whole history."""
-    return {**receipt_document(r), "transitions": [transition_document(t) for t in history]}
+    """`receipts show --json`: the receipt, the request as journaled, the upstream's stored answer (or null),
+    and the whole history."""
+    response = response_view(r)
+    return {
+        **receipt_document(r),
+        "request": request_view(r).model_dump(),
+        "response": None if response is None else response.model_dump(),
+        "transitions": [transition_document(t) for t in history],
+    }
+
+
+class HostFilter(NamedTuple):
+    """`--host` / `?host=`: a host, or `host:port` (an IPv6 address in brackets: `[::1]:8080`)."""
+
+    host: str
+    port: int | None
+
+    def __str__(self) -> str:
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        return shown if self.port is None else f"{shown}:{self.port}"
+
+
+def host_query(f: HostFilter | None) -> dict[str, Any]:
+    """The store's `list` arguments for a host filter."""
+    return {} if f is None else {"host": f.host, "port": f.port}
+
+
+def parse_host_filter(text: str) -> HostFilter:
+    """`api.example.com`, `127.0.0.1:18112`, `[::1]:8080`, `::1`; ValueError names a bad one."""
+    raw = text.strip().lower()
+    host, port = raw, ""
+    if raw.startswith("["):
+        host, bracket, rest = raw[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ValueError(f"invalid host {text!r} (write it as host, host:port or [ipv6]:port)")
+        port = rest[1:]
+        if rest and not port:
+            raise ValueError(f"invalid host {text!r}: no port after the colon")
+    elif raw.count(":") == 1:
+        host, port = raw.split(":")
+        if not port:
+            raise ValueError(f"invalid host {text!r}: no port after the colon")
+    if not host:
+        raise ValueError(f"invalid host {text!r}: no host name")
+    if not port:
+        return HostFilter(host, None)
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"invalid port in host {text!r} (a number from 1 to 65535)")
+    return HostFilter(host, int(port))
 
 
 def json_default(value: Any) -> Any:

@@ -22,7 +22,7 @@ import hmac
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import cached_property
 from typing import Any
@@ -55,11 +55,6 @@ class _TooComplex(Exception):
     """Canonicalising this body would cost more than a bounded amount of work: why, in a few words."""
 
 
-class Canonical(str):
-    """Text already in canonical JSON form: `canonical_json` takes it as it is (a body's identity is written
-    out once, not again inside the fingerprint's payload)."""
-
-
 @dataclass(frozen=True)
 class BodyIdentity:
     """What of a body counts for the intent, and the redacted form of it that may be stored."""
@@ -69,11 +64,13 @@ class BodyIdentity:
     stored: bytes  # redacted body as it may be written to the database (before the size cap)
     form: dict[str, Any] | None = None  # a form's fields, redacted
     note: str | None = None
+    keyed: "Keyed | None" = field(default=None, compare=False, repr=False)  # for a protocol's own secrets (GraphQL)
 
     @cached_property
     def document(self) -> Any:
-        """The redacted parsed JSON or form document, for rules that read fields (None for other kinds)."""
-        return json.loads(self.stored) if self.kind == "json" else self.form
+        """The redacted parsed JSON (numbers exact) or form document, for rules and protocols that read fields
+        (None for other kinds)."""
+        return json.loads(self.stored, parse_float=Decimal) if self.kind == "json" else self.form
 
 
 def analyse_body(
@@ -145,15 +142,12 @@ def _json_identity(body: bytes, redact_fields: frozenset[str], rule: Fingerprint
         why = "body is not valid JSON" if "digits" not in str(e) else "JSON body with a number over 4300 digits"
         return _unparsed_identity(body, f"{why}; fingerprinted as bytes", keyed)
     try:
-        stored_doc, identity_doc, secrets = _split_secrets(document, redact_fields, keyed, 0)
-        stored = canonical_json(stored_doc)
-        if rule is not None:
-            identity: Any = Canonical(canonical_json(_select_fields(identity_doc, rule)))
-        else:
-            identity = Canonical(canonical_json(identity_doc) if secrets else stored)
+        stored_doc, identity_doc, _secrets = _split_secrets(document, redact_fields, keyed, 0)
+        stored = canonical_json(stored_doc).encode()
+        identity = _select_fields(identity_doc, rule)
     except (_TooComplex, RecursionError):
         return _unparsed_identity(body, f"JSON body nested over {MAX_JSON_DEPTH} levels; fingerprinted as bytes", keyed)
-    return BodyIdentity("json", identity, stored.encode())
+    return BodyIdentity("json", identity, stored, keyed=keyed)
 
 
 def _split_secrets(value: Any, redact_fields: frozenset[str], keyed: Keyed, depth: int) -> tuple[Any, Any, bool]:
@@ -260,8 +254,6 @@ def redact_document(value: Any, redact_fields: frozenset[str]) -> Any:
 
 def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, numbers normalised (`1`, `1.0` and `1e0` are one number)."""
-    if isinstance(value, Canonical):
-        return value
     if isinstance(value, str):
         return _dumps(value)
     if isinstance(value, dict):
@@ -329,6 +321,12 @@ def intent_fingerprint(method: str, host: str, port: int, path: str, query: list
 
 def redact_query(query: list[tuple[str, str]], redact_fields: frozenset[str]) -> list[tuple[str, str]]:
     return redaction.redact_pairs(query, redact_fields)
+
+
+def redact_header_list(headers: list[tuple[str, str]], secret_headers: frozenset[str]) -> list[list[str]]:
+    """Headers safe to store, in order and as named: a secret one (redaction.py says which) keeps its name with
+    the value replaced."""
+    return [[name, REDACTED if redaction.is_secret_header(name, secret_headers) else value] for name, value in headers]
 
 
 def redact_headers(headers: list[tuple[str, str]], secret_headers: frozenset[str]) -> dict[str, str]:

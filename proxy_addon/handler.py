@@ -3,7 +3,9 @@
 1. Journal (on a journal thread): build the intent (fingerprint, account, redacted copy), then
    `store.receipts.record_and_submit`: decide and commit `planned`, commit `submitted`. A duplicate is
    answered from the receipt in its way (duplicates.py); a journal that cannot be written fails closed (503),
-   or open when configured.
+   or open when configured. A duplicate of an original still in flight, on a host whose `in_flight.policy`
+   is `wait`, first waits for the original's verdict (waiters.py), then is journaled again: it gets what a
+   repeat after that verdict gets.
 2. Send it upstream once (sender.py) and classify how that ended (verdicts.py).
 3. Record the verdict (`transition` from `submitted`), then answer: the upstream's answer, or a problem+json
    of ours, with the receipt's headers.
@@ -13,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import structlog
@@ -33,10 +35,11 @@ from proxy_addon.intent import RequestFacts, build_intent
 from proxy_addon.log import get_logger
 from proxy_addon.operations import OperationRule
 from proxy_addon.records import Intent, Verdict, new_operation_id
-from proxy_addon.sender import SendResult, UpstreamSender
+from proxy_addon.sender import SendResult, Timeouts, UpstreamSender
 from proxy_addon.states import State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.verdicts import classify_outcome, storable_response
+from proxy_addon.waiters import VerdictWaiters
 
 log = get_logger("receipts.proxy")
 
@@ -78,25 +81,43 @@ class JournalHandler:
         self.sender, self.executor, self.instance_id = sender, executor, instance_id
         # operation ids this process is working on; its other planned/submitted receipts are orphans
         self.in_flight: set[str] = set()
+        self.waiters = VerdictWaiters(lambda ids: self._on_journal_thread(self.store.receipts.states, ids))
 
     async def handle(self, facts: RequestFacts) -> Outcome:
         policy = self.config.policy_for(facts.host, facts.port)
         operation_id = new_operation_id()
         self.in_flight.add(operation_id)
         try:
-            return await self._journal_and_send(facts, policy, operation_id)
+            outcome = await self._journal_and_send(facts, policy, operation_id)
         finally:
             self.in_flight.discard(operation_id)
+            self.waiters.settled(operation_id)  # its verdict is recorded (or it never was sent)
+        # the answers the proxy makes, in the request's own protocol (protocols/: MCP, GraphQL, JSON-RPC)
+        return outcome if outcome.answer is None else replace(outcome, answer=facts.call.answer(outcome.answer))
 
     async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Outcome:
         agent_key = _header(facts, policy.idempotency_key_header)
-        started = time.perf_counter()
-        try:
-            intent, rule = await self._on_journal_thread(self._record, facts, policy, agent_key, operation_id)
-        except DuplicateIntentError as e:
-            return self._refuse(e, policy, agent_key)
-        except JournalUnavailableError as e:
-            return self._journal_down(e, facts)
+        waited = False
+        wait_until: float | None = None
+        loop = asyncio.get_running_loop()
+        while True:
+            started = time.perf_counter()
+            try:
+                intent, rule = await self._on_journal_thread(self._record, facts, policy, agent_key, operation_id)
+                break
+            except DuplicateIntentError as e:
+                if policy.in_flight.policy != "wait" or not duplicates.in_flight(e.blocker):
+                    return self._refuse(e, policy, agent_key, waited)
+                if wait_until is None:
+                    wait_until = loop.time() + policy.in_flight.max_wait
+                remaining = wait_until - loop.time()
+                if remaining <= 0 or facts.client_gone():
+                    return self._refuse(e, policy, agent_key, waited)
+                waited = True
+                log.debug("waiting_for_in_flight_original", operation_id=e.operation_id)
+                await self.waiters.wait(e.operation_id, e.operation_id in self.in_flight, remaining, facts.client_gone)
+            except JournalUnavailableError as e:
+                return self._journal_down(e, facts)
         metrics.journaled(time.perf_counter() - started)
 
         with structlog.contextvars.bound_contextvars(operation_id=operation_id):
@@ -105,11 +126,10 @@ class JournalHandler:
                 headers.append((policy.idempotency_key_header.encode(), operation_id.encode()))
             # at debug: the planned->submitted step is in the receipt's history; the verdict line is the canonical one
             log.debug("receipt_submitted", operation=intent.operation, method=facts.method, host=facts.host)
-            result = await self.sender.send_once(
-                facts.method, facts.url, headers, facts.raw_body, policy.connect_timeout, policy.upstream_timeout
-            )
-            verdict = classify_outcome(result, policy, rule)
-            state = await self._record_verdict(intent, result, verdict, policy)
+            timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline)
+            result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
+            verdict = facts.call.verdict(classify_outcome(result, policy, rule), result)  # what its protocol says
+            state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy)
             reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
             return Outcome(reply, {"operation_id": operation_id, "state": state})
 
@@ -149,14 +169,15 @@ class JournalHandler:
         except ReceiptsError as e:
             log.error("planned_receipt_left_open", operation_id=operation_id, error=str(e))
 
-    def _refuse(self, e: DuplicateIntentError, policy: HostPolicy, agent_key: str | None) -> Outcome:
+    def _refuse(self, e: DuplicateIntentError, policy: HostPolicy, agent_key: str | None, waited: bool) -> Outcome:
         decision = duplicates.decide(e.blocker, policy.after_success)
         assert decision.reason is not None
         reason = decision.reason.value
-        log.info("request_refused", reason=reason, operation_id=e.operation_id, state=e.state)
+        log.info("request_refused", reason=reason, operation_id=e.operation_id, state=e.state, waited=waited)
         metrics.duplicate_refused(reason)
         self._note_refusal(reason, e)
-        return Outcome(duplicates.refusal_answer(decision, agent_key), {"operation_id": e.operation_id, "refused": reason})
+        answer = duplicates.refusal_answer(decision, agent_key, waited)
+        return Outcome(answer, {"operation_id": e.operation_id, "refused": reason})
 
     def _note_refusal(self, reason: str, e: DuplicateIntentError) -> None:
         """Record the refusal on a journal thread, not awaited: it never delays nor fails the answer."""

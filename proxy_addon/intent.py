@@ -5,6 +5,7 @@ account.py's; this module puts them together for one request.
 """
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode
 
@@ -12,6 +13,9 @@ from proxy_addon.account import AccountHasher
 from proxy_addon.config import HostPolicy
 from proxy_addon.fingerprint import analyse_body, identity_pairs, intent_fingerprint, redact_headers, redact_query
 from proxy_addon.operations import OperationRule
+from proxy_addon.protocols.base import Call
+from proxy_addon.protocols.rest import REST
+from proxy_addon.protocols.routing import match_rule
 from proxy_addon.records import Intent
 
 _ID_SEGMENT = re.compile(r"^(\d+|[0-9a-fA-F-]{16,}|[A-Za-z0-9_-]{24,})$")
@@ -33,6 +37,8 @@ class RequestFacts:
     url: str = ""
     raw_headers: tuple[tuple[bytes, bytes], ...] = ()
     raw_body: bytes = b""  # as the client sent it
+    client_gone: Callable[[], bool] = lambda: False  # whether the client has left (it no longer waits for an answer)
+    call: Call = REST  # how its protocol reads it (protocols/): identity, operation name, answers
 
 
 def split_query(raw_path: str) -> tuple[str, list[tuple[str, str]]]:
@@ -58,9 +64,10 @@ def build_intent(
     operation_id: str,
 ) -> tuple[Intent, OperationRule | None]:
     """The intent to journal for this request (fingerprint, account, redacted copy) and the rule it matched."""
-    matched = policy.match_operation(facts.method, facts.path)
+    matched = match_rule(policy, facts.method, facts.path, facts.call.name)  # a rule may name the protocol's call
     rule = matched[0] if matched else None
     body = analyse_body(facts.content_type, facts.body, policy.redact_fields, rule.fingerprint if rule else None, hasher.digest)
+    body = facts.call.identity(body, rule)  # GraphQL, MCP: the protocol's identity of the write
     query = redact_query(facts.query, policy.redact_fields)
     identity_query = identity_pairs(facts.query, policy.redact_fields, hasher.digest)
     fingerprint = intent_fingerprint(facts.method, facts.host, facts.port, facts.path, identity_query, body)
@@ -70,7 +77,7 @@ def build_intent(
     stored = body.stored
     intent = Intent(
         operation_id=operation_id,
-        operation=operation_name(facts, rule),
+        operation=facts.call.operation or operation_name(facts, rule),
         method=facts.method,
         scheme=facts.scheme,
         host=facts.host.lower(),

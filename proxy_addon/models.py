@@ -94,9 +94,13 @@ class Receipt(Base):
     request_body_size: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     request_body_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     body_note: Mapped[str | None] = mapped_column(Text)
-    response_headers: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # the answer as first delivered, for a replay: headers as [name, value] pairs in order (a secret one's value
+    # "[REDACTED]"; rows from before migration 0003 hold a dict), body as received (Content-Encoding not undone)
+    response_headers: Mapped[list[list[str]] | dict[str, Any] | None] = mapped_column(JSON)
     response_body: Mapped[bytes | None] = mapped_column(LargeBinary)
     response_body_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # the stored body is not the one delivered (a secret field redacted): kept for people, never replayed
+    response_body_redacted: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     reconcile_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     lease_owner: Mapped[str | None] = mapped_column(String(64))
@@ -112,6 +116,8 @@ class Receipt(Base):
         Index("ix_receipts_account_fingerprint_completed", "account", "intent_fingerprint", "completed_at"),
         Index("ix_receipts_state_next_attempt", "state", "next_attempt_at"),
         Index("ix_receipts_proxy_instance_state", "proxy_instance", "state"),
+        # the later writes to a target that end its successes' replay window (store/receipts.py, _find_blocker)
+        Index("ix_receipts_account_target", "account", "host", "port", "path"),
         # No open duplicate: at most one open receipt per (account, fingerprint), enforced by the database
         # itself, so that two proxies sharing it can never both forward the same open intent.
         Index(

@@ -1,9 +1,13 @@
 """The OpenAPI 3.1 document of the admin server's JSON API (served at /openapi.json); the receipt's schema is
-generated from documents.ReceiptView, the rest written here."""
+generated from documents.ReceiptView, the journaled request's and the stored answer's from journaled.RequestView
+and journaled.ResponseView, the rest written here."""
 
 from typing import Any
 
+from pydantic.json_schema import models_json_schema
+
 from proxy_addon.documents import ReceiptView
+from proxy_addon.journaled import RequestView, ResponseView
 from proxy_addon.states import RESOLUTION_STATES, State
 
 _STATES = [s.value for s in State]
@@ -21,6 +25,26 @@ def _receipt_properties() -> dict[str, Any]:
 
 
 _RECEIPT_PROPERTIES = _receipt_properties()
+
+
+def _untitled(schema: Any) -> Any:
+    """A generated schema without pydantic's `title`s (the names are the components' own)."""
+    if isinstance(schema, dict):
+        return {k: _untitled(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+    if isinstance(schema, list):
+        return [_untitled(v) for v in schema]
+    return schema
+
+
+def _view_schemas() -> dict[str, Any]:
+    """`RequestView`, `ResponseView` and the `BodyView` they hold, generated from their one definition."""
+    _, top = models_json_schema(
+        [(RequestView, "serialization"), (ResponseView, "serialization")], ref_template="#/components/schemas/{model}"
+    )
+    return {name: _untitled(schema) for name, schema in top["$defs"].items()}
+
+
+_VIEW_SCHEMAS = _view_schemas()
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -76,7 +100,12 @@ def openapi_document() -> dict[str, Any]:
                             "style": "form",
                             "explode": True,
                         },
-                        {"name": "host", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "host",
+                            "in": "query",
+                            "description": "a host, or `host:port` (`[::1]:8080` for IPv6); without a port, every port",
+                            "schema": {"type": "string", "examples": ["api.example.com", "127.0.0.1:18112"]},
+                        },
                         {
                             "name": "older_than",
                             "in": "query",
@@ -160,6 +189,7 @@ def openapi_document() -> dict[str, Any]:
             "securitySchemes": {"bearerToken": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 "State": {"type": "string", "enum": _STATES},
+                **_VIEW_SCHEMAS,
                 "Receipt": {
                     "type": "object",
                     "properties": _RECEIPT_PROPERTIES,
@@ -182,12 +212,15 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "ReceiptWithHistory": {
                     "type": "object",
-                    "description": "a Receipt with its whole history, oldest first",
+                    "description": "a Receipt with the request as journaled (secrets redacted), the upstream's stored "
+                    "answer (null when none was kept), and its whole history, oldest first",
                     "properties": {
                         **_RECEIPT_PROPERTIES,
+                        "request": _ref("RequestView"),
+                        "response": {"oneOf": [_ref("ResponseView"), {"type": "null"}]},
                         "transitions": {"type": "array", "items": _ref("Transition")},
                     },
-                    "required": [*_RECEIPT_PROPERTIES, "transitions"],
+                    "required": [*_RECEIPT_PROPERTIES, "request", "response", "transitions"],
                     "additionalProperties": False,
                 },
                 "RetryDecision": {

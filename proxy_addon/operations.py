@@ -3,13 +3,28 @@ external id is, how the reconciler reads it), validated at load with one line na
 
 import re
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from proxy_addon.units import Duration, JsonPath, JsonPathField, StrictModel, compile_jsonpath
 
 MUTATING_METHODS = ("POST", "PUT", "PATCH", "DELETE")
+# -- issue 12: any HTTP method token may be journaled (PURGE, MKCOL, ...); what the protocol seam reads ---------
+_METHOD_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 5.6.2 token
+MAX_METHOD_LENGTH = 16  # the receipts.method column
+ProtocolName = Literal["auto", "rest", "graphql", "jsonrpc"]
+
+
+def method_token(method: str) -> str:
+    """An HTTP method as the proxy compares it (upper case), or ValueError naming what is wrong with it."""
+    if not isinstance(method, str) or not _METHOD_TOKEN.match(method):
+        raise ValueError(f"method {method!r} is not an HTTP method token (RFC 9110: letters, digits and !#$%&'*+-.^_`|~)")
+    if len(method) > MAX_METHOD_LENGTH:
+        raise ValueError(f"method {method!r} is longer than {MAX_METHOD_LENGTH} characters, which a receipt cannot hold")
+    if method.upper() == "CONNECT":
+        raise ValueError("method 'CONNECT' opens a tunnel and cannot be journaled")
+    return method.upper()
 
 
 class FingerprintRule(StrictModel):
@@ -29,8 +44,9 @@ _URL_PLACEHOLDERS = {"scheme", "host", "port", "netloc", "external_id", "idempot
 
 class ReconcileRule(StrictModel):
     strategy: Literal["lookup", "search", "resend_with_key"]
-    method: Literal["GET", "HEAD"] = "GET"
+    method: Literal["GET", "HEAD", "POST"] = "GET"  # POST: a read sent as a POST (a GraphQL query, an MCP read tool)
     url: str | None = None
+    body: Any = None  # POST only: a JSON template; "{body.FIELD}" alone in a string is the field's JSON value
     headers: dict[str, str] = Field(default_factory=dict)
     items: JsonPathField | None = None
     match: dict[str, str] = Field(default_factory=dict)
@@ -70,6 +86,8 @@ class ReconcileRule(StrictModel):
             raise ValueError("strategy search needs match (candidate field: request field)")
         if self.method == "HEAD" and (self.strategy == "search" or self.match or self.id is not None):
             raise ValueError("method HEAD reads no body: it cannot search, match or find an id (use GET)")
+        if self.body is not None and self.method != "POST":
+            raise ValueError("body is sent only with method POST")
         return self
 
     @cached_property
@@ -85,14 +103,16 @@ class OperationRule(StrictModel):
     external_id: str | None = None
     retry_safe: bool = False
     reconcile: ReconcileRule | None = None
+    # issue 12: what passes through, and how a protocol's calls are told apart
+    journal: bool = True  # false: a read sent with a journaled method; passes through, streamed, unjournaled
+    protocol: ProtocolName | None = None  # None: the host's (auto by default)
+    read_methods: list[str] = Field(default_factory=list)  # JSON-RPC methods (globs) that are reads
+    call: str | None = None  # only these calls (glob): an MCP tool name, a GraphQL operation, a JSON-RPC method
 
     @field_validator("method")
     @classmethod
     def _upper(cls, method: str) -> str:
-        method = method.upper()
-        if method not in MUTATING_METHODS:
-            raise ValueError(f"method {method!r} is not one the proxy journals ({', '.join(MUTATING_METHODS)})")
-        return method
+        return method_token(method)
 
     @field_validator("path")
     @classmethod
@@ -117,9 +137,9 @@ class OperationRule(StrictModel):
             object.__setattr__(self, "reconcile", r.model_copy(update={"absent_means": "manual_review"}))
         if r and r.absent_means == "succeeded" and self.method != "DELETE":
             raise ValueError("absent_means: succeeded is only allowed for DELETE")
-        if r and r.url:
+        if r and (r.url or r.body is not None):
             params = set(compile_path_template(self.path).groupindex)
-            for name in PLACEHOLDER_RE.findall(r.url):
+            for name in [*PLACEHOLDER_RE.findall(r.url or ""), *_template_placeholders(r.body)]:
                 if name.startswith("path.") and name[5:] not in params:
                     raise ValueError(f"reconcile url uses {{{name}}}, but path {self.path} has no {{{name[5:]}}}")
         return self
@@ -127,6 +147,21 @@ class OperationRule(StrictModel):
     @cached_property
     def path_regex(self) -> re.Pattern[str]:
         return compile_path_template(self.path)
+
+
+def known_placeholder(name: str) -> bool:
+    return name in _URL_PLACEHOLDERS or name.startswith(("path.", "body."))
+
+
+def _template_placeholders(template: Any) -> list[str]:
+    """The placeholders of a JSON body template, at any depth (other braces, as GraphQL writes them, are text)."""
+    if isinstance(template, str):
+        return [n for n in PLACEHOLDER_RE.findall(template) if known_placeholder(n)]
+    if isinstance(template, dict):
+        return [n for k, v in template.items() for n in (*_template_placeholders(k), *_template_placeholders(v))]
+    if isinstance(template, list):
+        return [n for v in template for n in _template_placeholders(v)]
+    return []
 
 
 def compile_path_template(template: str) -> re.Pattern[str]:

@@ -78,13 +78,20 @@ class ReceiptRecord:
     request_body_size: int
     request_body_truncated: bool
     body_note: str | None
-    response_headers: dict[str, Any] | None
+    response_headers: list[list[str]] | dict[str, Any] | None  # [name, value] pairs; a dict in older rows
     response_body: bytes | None
     response_body_truncated: bool
+    response_body_redacted: bool
     reconcile_attempts: int
     next_attempt_at: datetime | None
     lease_owner: str | None
     lease_expires_at: datetime | None
+
+    def response_header_pairs(self) -> list[tuple[str, str]]:
+        """The stored answer's headers in order, as (name, value); rows from before migration 0003 kept a dict."""
+        stored = self.response_headers or []
+        pairs = stored.items() if isinstance(stored, dict) else stored
+        return [(str(k), str(v)) for k, v in pairs]
 
     @classmethod
     def from_row(cls, row: Any) -> "ReceiptRecord":

@@ -31,6 +31,8 @@ ALLOWED_TRANSITIONS: dict[State, frozenset[State]] = {
 
 TERMINAL_STATES: frozenset[State] = frozenset({State.SUCCEEDED, State.REJECTED, State.SAFE_TO_RETRY})
 OPEN_STATES: frozenset[State] = frozenset(State) - TERMINAL_STATES
+# Open and still on its way: recorded, about to be or being sent, no verdict yet (in_flight.policy is about these).
+IN_FLIGHT_STATES: frozenset[State] = frozenset({State.PLANNED, State.SUBMITTED})
 
 # A person's `resolve` may settle these, into these.
 RESOLVABLE_STATES: frozenset[State] = frozenset({State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN})

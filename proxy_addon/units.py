@@ -37,6 +37,14 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
+def parse_positive_duration(value: Any) -> float:
+    """A duration that must be more than zero: a timeout of 0s would end every exchange before it began."""
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"invalid duration {value!r}: must be more than 0s")
+    return seconds
+
+
 def parse_size(value: Any) -> int:
     """`65536`, `64KiB`, `1MiB`; returns bytes."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
@@ -76,6 +84,7 @@ class JsonPath:
 compile_jsonpath = _compile_jsonpath
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+PositiveDuration = Annotated[float, BeforeValidator(parse_positive_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 JsonPathField = Annotated[JsonPath, BeforeValidator(_compile_jsonpath), PlainSerializer(lambda p: p.text)]
 

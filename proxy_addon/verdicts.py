@@ -6,7 +6,7 @@ from typing import Any
 from mitmproxy.net import encoding as mitm_encoding
 
 from proxy_addon.config import HostPolicy
-from proxy_addon.fingerprint import redact_document, redact_headers
+from proxy_addon.fingerprint import redact_document, redact_header_list
 from proxy_addon.operations import OperationRule
 from proxy_addon.records import Verdict
 from proxy_addon.redaction import error_text
@@ -14,10 +14,19 @@ from proxy_addon.sender import SendEnd, SendResult
 from proxy_addon.states import State
 from proxy_addon.units import compile_jsonpath
 
+SEE_OTHER = 303
+
+
+def is_success(status: int) -> bool:
+    """2xx, or 303 See Other: the POST/Redirect/GET answer to a write that was made (its Location names what
+    was made). Every other 3xx is a rejection: the upstream did not do it here."""
+    return 200 <= status < 300 or status == SEE_OTHER
+
 
 def classify_outcome(result: SendResult, policy: HostPolicy, rule: OperationRule | None) -> Verdict:
-    """2xx succeeded; the host's unknown statuses, timeouts and resets outcome_unknown; never-sent and
-    every other status rejected."""
+    """2xx and 303 succeeded; the host's unknown statuses, timeouts and resets outcome_unknown; never-sent and
+    every other status rejected. An answer that came before the upstream had read the whole request (an early
+    413 or 401, then a reset) is an answer like any other: the sender read it."""
     error = error_text(result.error)  # the one place the sender's error becomes the receipt's: no data it quotes
     if result.end == SendEnd.NOT_SENT:
         return _verdict(State.REJECTED, error_code="not_sent", error_message=error)
@@ -27,7 +36,7 @@ def classify_outcome(result: SendResult, policy: HostPolicy, rule: OperationRule
     if status in policy.unknown_statuses:
         message = f"upstream answered {status}, which may follow a committed write"
         return _verdict(State.OUTCOME_UNKNOWN, status_code=status, error_code="upstream_status", error_message=message)
-    if 200 <= status < 300:
+    if is_success(status):
         return _verdict(State.SUCCEEDED, status_code=status, external_id=extract_external_id(result, rule))
     return _verdict(State.REJECTED, status_code=status, error_code="upstream_status")
 
@@ -79,19 +88,28 @@ def _decoded_content(result: SendResult) -> bytes:
 
 
 def storable_response(result: SendResult, policy: HostPolicy, cap: int) -> dict[str, Any]:
-    """The answer, redacted like a request, as it may be kept for `replay`: the receipt's response columns."""
+    """The answer as it may be kept: the receipt's response columns.
+
+    Headers and body exactly as delivered (Content-Encoding and all), so that a replay is the same bytes; the
+    secret headers' values are not kept (a replay leaves them out). A JSON answer (once decoded) holding a
+    secret field cannot be kept as delivered: its redacted form is stored for people, marked
+    `response_body_redacted`, and never replayed; nor is one longer than `cap` (`response_body_truncated`)."""
     assert result.answer is not None
-    headers = redact_headers(
+    headers = redact_header_list(
         [(k.decode("latin-1"), v.decode("latin-1")) for k, v in result.answer.headers], policy.redact_headers
     )
     body = result.answer.content
-    encoded = any(k.lower() == b"content-encoding" for k, _ in result.answer.headers)
-    document = None if encoded else decoded_json(result)
+    redacted = False
+    document = decoded_json(result)
     if document is not None:
-        body = json.dumps(redact_document(document, policy.redact_fields), separators=(",", ":")).encode()
-        headers.pop("content-encoding", None)
+        cleaned = redact_document(document, policy.redact_fields)
+        if cleaned != document:
+            body = json.dumps(cleaned, separators=(",", ":")).encode()
+            headers = [[k, v] for k, v in headers if k.lower() != "content-encoding"]  # stored decoded
+            redacted = True
     return {
         "response_headers": headers,
         "response_body": body[:cap] if body else None,
         "response_body_truncated": len(body) > cap,
+        "response_body_redacted": redacted,
     }

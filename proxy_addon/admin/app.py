@@ -5,7 +5,7 @@ from typing import Any
 
 from flask import Flask, Response, redirect, render_template, request, url_for
 
-from proxy_addon import documents, metrics, review
+from proxy_addon import documents, journaled, metrics, review
 from proxy_addon.admin.guards import install_guards
 from proxy_addon.admin.views import (
     age_filter,
@@ -13,8 +13,10 @@ from proxy_addon.admin.views import (
     is_page,
     json_response,
     list_filters,
+    netloc_filter,
     pretty_filter,
     problem,
+    shown_filter,
     status_of,
     ts_filter,
 )
@@ -33,7 +35,9 @@ def create_app(config: ReceiptsConfig, store: ReceiptStore, settings: AdminSetti
     app = Flask("proxy_addon.admin", template_folder=str(TEMPLATES))
     app.json.sort_keys = False  # type: ignore[attr-defined]
     registry = metrics.registry_for(store.retention.stats)
-    app.jinja_env.filters.update(age=age_filter, ts=ts_filter, duration=duration_filter, pretty=pretty_filter)
+    app.jinja_env.filters.update(
+        age=age_filter, ts=ts_filter, duration=duration_filter, pretty=pretty_filter, netloc=netloc_filter, shown=shown_filter
+    )
     app.jinja_env.globals["STATES"] = [s.value for s in State]
     install_guards(app, settings)
 
@@ -59,7 +63,7 @@ def create_app(config: ReceiptsConfig, store: ReceiptStore, settings: AdminSetti
     @app.get("/receipts")
     def list_receipts() -> Response:
         states, host, older_than, limit = list_filters(default_state=None)
-        rows = store.receipts.list(states=states, host=host, older_than=older_than, limit=limit)
+        rows = store.receipts.list(states=states, older_than=older_than, limit=limit, **documents.host_query(host))
         return json_response([documents.receipt_document(r) for r in rows])
 
     @app.get("/receipts/<operation_id>")
@@ -108,7 +112,7 @@ def create_app(config: ReceiptsConfig, store: ReceiptStore, settings: AdminSetti
     @app.get("/")
     def index() -> str:
         states, host, older_than, limit = list_filters(default_state="open")
-        rows = store.receipts.list(states=states, host=host, older_than=older_than, limit=limit)
+        rows = store.receipts.list(states=states, older_than=older_than, limit=limit, **documents.host_query(host))
         return render_template(
             "index.html",
             rows=rows,
@@ -118,6 +122,7 @@ def create_app(config: ReceiptsConfig, store: ReceiptStore, settings: AdminSetti
             open_states=[s.value for s in documents.STATE_GROUPS["open"]],
             selected=request.args.get("state", "open"),
             host=request.args.get("host", ""),
+            host_filter=host,
             older_than=request.args.get("older_than", ""),
         )
 
@@ -128,6 +133,9 @@ def create_app(config: ReceiptsConfig, store: ReceiptStore, settings: AdminSetti
         return render_template(
             "receipt.html",
             r=receipt,
+            request_shown=journaled.request_view(receipt),
+            response_shown=journaled.response_view(receipt),
+            reads=journaled.reconcile_reads(history),
             history=history,
             now=utcnow(),
             proof=review.proof(store, config, operation_id),

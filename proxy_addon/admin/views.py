@@ -5,7 +5,7 @@ from typing import Any
 
 from flask import Response, request
 
-from proxy_addon import documents
+from proxy_addon import documents, journaled
 from proxy_addon.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
 from proxy_addon.exceptions import (
     BadRequest,
@@ -15,6 +15,7 @@ from proxy_addon.exceptions import (
     ReceiptsError,
     StaleStateError,
 )
+from proxy_addon.records import ReceiptRecord
 from proxy_addon.units import parse_duration
 
 LIST_LIMIT = 200
@@ -46,8 +47,9 @@ def json_response(document: Any) -> Response:
     return Response(documents.dumps(document), content_type="application/json")
 
 
-def list_filters(default_state: str | None) -> tuple[list[str] | None, str | None, timedelta | None, int]:
-    """`state` (a state, `open` or `unknown`; repeated or comma-separated), `host`, `older_than`, `limit`."""
+def list_filters(default_state: str | None) -> tuple[list[str] | None, documents.HostFilter | None, timedelta | None, int]:
+    """`state` (a state, `open` or `unknown`; repeated or comma-separated), `host` (`host` or `host:port`),
+    `older_than`, `limit`."""
     raw = [p.strip() for v in request.args.getlist("state") for p in v.split(",") if p.strip()]
     if not raw and default_state:
         raw = [default_state]
@@ -67,7 +69,13 @@ def list_filters(default_state: str | None) -> tuple[list[str] | None, str | Non
         raise BadRequest("limit must be a whole number") from None
     if not 1 <= limit <= MAX_LIST_LIMIT:
         raise BadRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}")
-    return states or None, request.args.get("host") or None, older_than, limit
+    host = None
+    if request.args.get("host", "").strip():
+        try:
+            host = documents.parse_host_filter(request.args["host"])
+        except ValueError as e:
+            raise BadRequest(f"host: {e}") from None
+    return states or None, host, older_than, limit
 
 
 def age_filter(since: datetime | None, now: datetime | None = None) -> str:
@@ -95,6 +103,17 @@ def duration_filter(seconds: float | None) -> str:
 
 def pretty_filter(value: Any) -> str:
     return value if isinstance(value, str) else documents.dumps(value, indent=None)
+
+
+def netloc_filter(r: ReceiptRecord) -> str:
+    """A receipt's host, with its port when not the scheme's default."""
+    return journaled.netloc(r.scheme, r.host, r.port)
+
+
+def shown_filter(body: journaled.BodyView) -> dict[str, Any]:
+    """What the page shows of a body: a summary line and the body's text, folded after its first lines."""
+    folded = journaled.fold(journaled.body_lines(body))
+    return {"summary": journaled.body_summary(body), "head": folded.head, "rest": folded.rest, "more": folded.more}
 
 
 def ts_filter(value: datetime | None) -> str:

@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 from proxy_addon.exceptions import ReadNotPossible, UnreadableRule
 from proxy_addon.fingerprint import REDACTED, canonical_json
-from proxy_addon.operations import PLACEHOLDER_RE, ReconcileRule
+from proxy_addon.operations import PLACEHOLDER_RE, ReconcileRule, known_placeholder
 from proxy_addon.records import ReceiptRecord
 
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -30,33 +30,75 @@ def request_document(receipt: ReceiptRecord) -> Any:
         return None
 
 
+def _value(name: str, receipt: ReceiptRecord, path_params: dict[str, str], document: Any, what: str = "url") -> Any:
+    """A placeholder's value for this receipt, as it is (a JSON body template may take a whole object)."""
+    if name.startswith("path."):
+        value: Any = path_params.get(name[5:])
+    elif name.startswith("body."):
+        value = document
+        for part in name[5:].split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+    else:
+        value = {
+            "scheme": receipt.scheme,
+            "host": receipt.host,
+            "port": str(receipt.port),
+            "netloc": netloc_of(receipt),
+            "external_id": receipt.external_id,
+            "idempotency_key": receipt.idempotency_key,
+            "operation_id": receipt.operation_id,
+            "submitted_at": (receipt.submitted_at or receipt.created_at).isoformat().replace("+00:00", "Z"),
+        }.get(name)
+    if value is None or value == REDACTED or _holds_redacted(value):
+        raise UnreadableRule(f"the rule's {what} needs {{{name}}}, which this receipt does not have")
+    return value
+
+
+def _text(value: Any, name: str, what: str) -> str:
+    if isinstance(value, dict | list):
+        raise UnreadableRule(f"the rule's {what} needs {{{name}}}, which this receipt does not have")
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def _holds_redacted(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_redacted(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_redacted(v) for v in value)
+    return value == REDACTED
+
+
 def fill_template(template: str, receipt: ReceiptRecord, path_params: dict[str, str]) -> str:
     document = request_document(receipt)
 
     def value_of(name: str) -> str:
-        if name.startswith("path."):
-            value: Any = path_params.get(name[5:])
-        elif name.startswith("body."):
-            value = document
-            for part in name[5:].split("."):
-                value = value.get(part) if isinstance(value, dict) else None
-        else:
-            value = {
-                "scheme": receipt.scheme,
-                "host": receipt.host,
-                "port": str(receipt.port),
-                "netloc": netloc_of(receipt),
-                "external_id": receipt.external_id,
-                "idempotency_key": receipt.idempotency_key,
-                "operation_id": receipt.operation_id,
-                "submitted_at": (receipt.submitted_at or receipt.created_at).isoformat().replace("+00:00", "Z"),
-            }.get(name)
-        if value is None or value == REDACTED or isinstance(value, dict | list):
-            raise UnreadableRule(f"the rule's url needs {{{name}}}, which this receipt does not have")
-        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        text = _text(_value(name, receipt, path_params, document), name, "url")
         return text if name in ("scheme", "host", "port", "netloc") else quote(text, safe="")
 
     return PLACEHOLDER_RE.sub(lambda m: value_of(m.group(1)), template)
+
+
+def fill_body(template: Any, receipt: ReceiptRecord, path_params: dict[str, str]) -> Any:
+    """A POST read's JSON body (a GraphQL query, an MCP call) from the rule's template: a string that is one
+    placeholder becomes that value as it is (text, number, object); placeholders inside text become text."""
+    document = request_document(receipt)
+
+    def fill(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {fill(k): fill(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [fill(v) for v in node]
+        if not isinstance(node, str):
+            return node
+        whole = PLACEHOLDER_RE.fullmatch(node)
+        if whole and known_placeholder(whole.group(1)):
+            return _value(whole.group(1), receipt, path_params, document, "body")
+        return PLACEHOLDER_RE.sub(lambda m: text_of(m.group(1)) if known_placeholder(m.group(1)) else m.group(0), node)
+
+    def text_of(name: str) -> str:
+        return _text(_value(name, receipt, path_params, document, "body"), name, "body")
+
+    return fill(template)
 
 
 def expand_env(headers: dict[str, str]) -> dict[str, str]:

@@ -14,10 +14,12 @@ from proxy_addon.config import HostPolicy
 from proxy_addon.exceptions import UnreadableRule
 from proxy_addon.fingerprint import REDACTED, canonical_json
 from proxy_addon.operations import OperationRule, ReconcileRule
+from proxy_addon.protocols import routing, sse
 from proxy_addon.reconcile.decide import Found, ReadOutcome
 from proxy_addon.reconcile.rules import (
     candidate_matches,
     expand_env,
+    fill_body,
     fill_template,
     netloc_of,
     parse_time,
@@ -69,8 +71,8 @@ class Lookup:
     async def read(
         self, receipt: ReceiptRecord, op: OperationRule, rule: ReconcileRule, params: dict[str, str], policy: HostPolicy
     ) -> ReadOutcome:
-        url, headers = fill_template(rule.url or "", receipt, params), expand_env(rule.headers)
-        response, evidence = await self.reader.request(receipt.host, rule.method, url, "read", headers=headers, timeout=rule.timeout)
+        url, kwargs = fill_template(rule.url or "", receipt, params), _read_kwargs(rule, receipt, params)
+        response, evidence = await self.reader.request(receipt.host, rule.method, url, "read", **kwargs)
         if response is None:
             return ReadOutcome(Found.FAILED, evidence)
         if response.status_code in (404, 410):
@@ -81,8 +83,8 @@ class Lookup:
         if rule.method == "HEAD" or (not rule.match and rule.id is None):
             return ReadOutcome(found_kind, evidence)
         document = _json(response)
-        if document is None:
-            evidence["reason"] = "lookup answer is not JSON"
+        if document is None or _refused(document):
+            evidence["reason"] = _refused(document) or "lookup answer is not JSON"
             return ReadOutcome(Found.FAILED, evidence)
         if rule.match and not candidate_matches(document, request_document(receipt), rule):
             evidence["reason"] = "the resource found does not match the request"
@@ -105,7 +107,7 @@ class Search:
         original = request_document(receipt)
         if original is None:
             raise UnreadableRule("search needs the original request's JSON body, which was not journaled")
-        url, headers = fill_template(rule.url or "", receipt, params), expand_env(rule.headers)
+        url, kwargs = fill_template(rule.url or "", receipt, params), _read_kwargs(rule, receipt, params)
         matches: dict[str, Any] = {}  # by id: a record seen on two pages (the list shifted) is one candidate
         reads: list[dict[str, Any]] = []
         origin = urlsplit(url)[:2]
@@ -115,13 +117,13 @@ class Search:
         for _page in range(rule.max_pages):
             if next_url is None:
                 break
-            response, evidence = await self.reader.request(
-                receipt.host, rule.method, next_url, "read", headers=headers, timeout=rule.timeout
-            )
+            response, evidence = await self.reader.request(receipt.host, rule.method, next_url, "read", **kwargs)
             reads.append(evidence["read"])
             if response is None or not response.is_success:
                 return ReadOutcome(Found.FAILED, {"reads": reads})
             page = _json(response)
+            if _refused(page):
+                return ReadOutcome(Found.FAILED, {"reads": reads, "reason": _refused(page)})
             items = rule.items.first(page) if rule.items else page
             if not isinstance(items, list):
                 return ReadOutcome(Found.FAILED, {"reads": reads, "reason": "search answer holds no list of items"})
@@ -222,11 +224,41 @@ def _external_id(response: httpx.Response, op: OperationRule) -> str | None:
     return None if found is None else str(found)
 
 
+def _read_kwargs(rule: ReconcileRule, receipt: ReceiptRecord, params: dict[str, str]) -> dict[str, Any]:
+    """The read's headers and, for a POST read, its JSON body (with the headers its protocol asks for)."""
+    headers = expand_env(rule.headers)
+    kwargs: dict[str, Any] = {"headers": headers, "timeout": rule.timeout}
+    if rule.method == "POST":
+        body = fill_body(rule.body, receipt, params) if rule.body is not None else {}
+        given = {k.lower() for k in headers}
+        headers.update({k: v for k, v in routing.read_headers(body).items() if k.lower() not in given})
+        kwargs["json"] = body
+    return kwargs
+
+
 def _json(response: httpx.Response) -> Any:
+    """The answer's JSON; from server-sent events (an MCP server's answer), the JSON-RPC response among them."""
+    if sse.is_event_stream(response.headers.get("content-type")):
+        messages = [m for m in sse.json_messages(response.content) if isinstance(m, dict) and ("result" in m or "error" in m)]
+        return messages[-1] if messages else None
     try:
         return response.json()
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def _refused(document: Any) -> str | None:
+    """Why a 2xx read's answer proves nothing (a JSON-RPC error, GraphQL errors without data, a tool error)."""
+    if not isinstance(document, dict):
+        return None
+    if document.get("jsonrpc") == "2.0" and "error" in document:
+        return f"the read was refused: JSON-RPC error {str(document['error'])[:200]}"
+    if document.get("errors") and document.get("data") is None:
+        return f"the read was refused: GraphQL errors {str(document['errors'])[:200]}"
+    result = document.get("result")
+    if document.get("jsonrpc") == "2.0" and isinstance(result, dict) and result.get("isError") is True:
+        return f"the read was refused: the tool reported an error {str(result.get('content'))[:200]}"
+    return None
 
 
 def _ms(started: float) -> float:

@@ -21,6 +21,7 @@ from proxy_addon.config import ReceiptsConfig
 from proxy_addon.exceptions import ReadNotPossible, StaleStateError, UnreadableRule
 from proxy_addon.handler import JournalState
 from proxy_addon.log import configure_logging, get_logger
+from proxy_addon.protocols.routing import call_name, match_rule
 from proxy_addon.reconcile.decide import Found, ReadOutcome, decide
 from proxy_addon.reconcile.strategies import STRATEGIES, Reader, Strategy
 from proxy_addon.records import ReceiptRecord, Verdict, utcnow
@@ -145,7 +146,8 @@ class Reconciler:
 
     async def _verdict(self, receipt: ReceiptRecord) -> Verdict:
         policy = self.config.policy_for(receipt.host, receipt.port)
-        matched = policy.match_operation(receipt.method, receipt.path)
+        # the rule for its route, or for its very call (an MCP tool, a GraphQL operation) when one names it
+        matched = match_rule(policy, receipt.method, receipt.path, call_name(receipt.operation))
         op, params = matched if matched else (None, {})
         if op is None or op.reconcile is None:
             reason = f"no reconcile rule for {receipt.operation}" if op is None else f"rule {op.name} has no reconcile"

@@ -7,7 +7,7 @@ who is dead. recovery.py decides when to sweep; this module only reads and write
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import Table, func, insert, select, update
+from sqlalchemy import ColumnElement, Table, exists, func, insert, or_, select, update
 
 from proxy_addon.exceptions import StaleStateError
 from proxy_addon.models import ProxyInstance
@@ -18,6 +18,15 @@ from proxy_addon.store.receipts import Receipts, receipts
 
 instances: Table = ProxyInstance.__table__  # type: ignore[assignment]
 _UNSETTLED = [State.PLANNED.value, State.SUBMITTED.value]
+
+
+def _needs_recovery() -> ColumnElement[bool]:
+    """Not recovered yet, or recovered and holding receipts again: an instance taken for dead (frozen past
+    instance_dead_after) that woke up and took writes before its next heartbeat cleared `recovered_at`."""
+    holds_unsettled = exists().where(
+        receipts.c.proxy_instance == instances.c.instance_id, receipts.c.state.in_(_UNSETTLED)
+    )
+    return or_(instances.c.recovered_at.is_(None), holds_unsettled)
 
 
 class Instances:
@@ -48,12 +57,13 @@ class Instances:
             )
 
     def dead(self, me: str | None, dead_after: float, known_dead: Sequence[str] = ()) -> list[str]:
-        """Instances not yet recovered that stopped, stopped heartbeating, or that the caller knows died."""
+        """Instances that need recovery (`_needs_recovery`) and stopped, stopped heartbeating, or that the caller
+        knows died."""
         with self.db.storage_errors(), self.db.reading() as conn:
             cutoff = self.db.clock(conn) - timedelta(seconds=dead_after)
             rows = conn.execute(
                 select(instances.c.instance_id).where(
-                    instances.c.recovered_at.is_(None),
+                    _needs_recovery(),
                     instances.c.instance_id != (me or ""),
                     (instances.c.stopped_at.is_not(None))
                     | (instances.c.heartbeat_at < cutoff)
@@ -67,7 +77,7 @@ class Instances:
         with self.db.storage_errors(), self.db.reading() as conn:
             rows = conn.execute(
                 select(instances.c.instance_id, instances.c.pid).where(
-                    instances.c.hostname == hostname, instances.c.recovered_at.is_(None), instances.c.stopped_at.is_(None)
+                    instances.c.hostname == hostname, _needs_recovery(), instances.c.stopped_at.is_(None)
                 )
             ).all()
         return [(r.instance_id, r.pid) for r in rows]

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Table, and_, bindparam, case, insert, or_, select, update
+from sqlalchemy import Connection, Table, and_, bindparam, case, exists, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from proxy_addon import metrics
 from proxy_addon.config import AfterSuccess
+from proxy_addon.duplicates import INVALIDATING_METHODS, NOT_HAPPENED_STATES
 from proxy_addon.exceptions import (
     DuplicateIntentError,
     IllegalTransitionError,
@@ -60,6 +61,7 @@ UPDATABLE = frozenset(
         "response_headers",
         "response_body",
         "response_body_truncated",
+        "response_body_redacted",
         "reconcile_attempts",
         "next_attempt_at",
         "lease_owner",
@@ -85,12 +87,36 @@ _Q_KEY_MISMATCH = (
     .limit(1)
 )
 _Q_OPEN = select(receipts).where(*_SAME_INTENT, _IS_OPEN).limit(1)
+# A success's replay window ends with a later write to its target (duplicates.py says which). "Later" is by the
+# order the receipts were journaled in: their creation rows' history ids, one sequence for every replica,
+# which the replicas' clocks cannot reorder.
+_later, _later_created, _own_created = receipts.alias("later"), transitions.alias("later_created"), transitions.alias("own_created")
+_LATER_WRITE_TO_TARGET = (
+    exists()
+    .where(
+        _later.c.account == receipts.c.account,
+        _later.c.host == receipts.c.host,
+        _later.c.port == receipts.c.port,
+        _later.c.path == receipts.c.path,
+        _later.c.scheme == receipts.c.scheme,
+        _later.c.method.in_(INVALIDATING_METHODS),
+        _later.c.state.not_in([s.value for s in NOT_HAPPENED_STATES]),
+        _later_created.c.operation_id == _later.c.operation_id,
+        _later_created.c.from_state.is_(None),
+        _own_created.c.operation_id == receipts.c.operation_id,
+        _own_created.c.from_state.is_(None),
+        _later_created.c.id > _own_created.c.id,
+    )
+    .correlate(receipts)
+)
+_STILL_BLOCKING_SUCCESS = and_(
+    receipts.c.state == State.SUCCEEDED.value,
+    receipts.c.completed_at >= bindparam("b_since"),
+    ~_LATER_WRITE_TO_TARGET,
+)
 _Q_OPEN_OR_SUCCEEDED = (  # an open receipt wins over a success; the latest success over older ones
     select(receipts)
-    .where(
-        *_SAME_INTENT,
-        or_(_IS_OPEN, and_(receipts.c.state == State.SUCCEEDED.value, receipts.c.completed_at >= bindparam("b_since"))),
-    )
+    .where(*_SAME_INTENT, or_(_IS_OPEN, _STILL_BLOCKING_SUCCESS))
     .order_by(case((_IS_OPEN, 0), else_=1), receipts.c.completed_at.desc())
     .limit(1)
 )
@@ -213,6 +239,12 @@ class Receipts:
 
     # -- reads ------------------------------------------------------------------------------------------------
 
+    def states(self, operation_ids: Sequence[str]) -> dict[str, str]:
+        """The current state of each of these receipts (one query; the missing ones are left out)."""
+        query = select(receipts.c.operation_id, receipts.c.state).where(receipts.c.operation_id.in_(list(operation_ids)))
+        with self.db.storage_errors(), self.db.reading() as conn:
+            return dict(conn.execute(query).tuples().all())
+
     def get(self, operation_id: str) -> ReceiptRecord:
         with self.db.storage_errors(), self.db.reading() as conn:
             row = conn.execute(select(receipts).where(receipts.c.operation_id == operation_id)).first()
@@ -231,13 +263,16 @@ class Receipts:
         host: str | None = None,
         older_than: timedelta | None = None,
         limit: int | None = 100,
+        port: int | None = None,
     ) -> list[ReceiptRecord]:
-        """Newest first."""
+        """Newest first; `host` with `port` (when given) is the target as `receipts ls --host host:port` names it."""
         q = select(receipts).order_by(receipts.c.created_at.desc(), receipts.c.operation_id.desc())
         if states:
             q = q.where(receipts.c.state.in_([State(s).value for s in states]))
         if host:
             q = q.where(receipts.c.host == host.lower())
+        if port is not None:
+            q = q.where(receipts.c.port == port)
         if older_than is not None:
             q = q.where(receipts.c.created_at <= utcnow() - older_than)
         if limit is not None:
@@ -253,7 +288,7 @@ def _intent_params(intent: Intent) -> dict[str, Any]:
 def _find_blocker(conn: Connection, intent: Intent, after_success: AfterSuccess) -> Blocker | None:
     """At most two indexed queries: a reused Idempotency-Key (skipped for the key the proxy injects, a fresh
     operation id), then the open receipt or, under an after-success policy, the recent success of the same
-    intent, in one query (an open one wins)."""
+    intent that no later write to its target has invalidated, in one query (an open one wins)."""
     if intent.idempotency_key is not None and intent.idempotency_key != intent.operation_id:
         other = conn.execute(_Q_KEY_MISMATCH, {**_intent_params(intent), "b_key": intent.idempotency_key}).first()
         if other is not None:

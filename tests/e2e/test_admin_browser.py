@@ -1,5 +1,6 @@
 """The review page in a real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright): a receipt
-made through the real proxy is listed, its timeline opened, and a person settles it with a note.
+made through the real proxy is listed, opened (the request as journaled, its timeline), and a person settles it
+with a note.
 
 scripts/ensure-chromium installs the browser (`make test` runs it); Playwright never downloads one here.
 A screenshot of the settled receipt is written to tests/artifacts/admin.png for a person to look at.
@@ -75,7 +76,8 @@ def test_a_person_settles_an_unknown_receipt_in_the_browser(admin_proxy):
     proxy, upstream, admin_url, config = admin_proxy
     store = proxy.addon.store
     with httpx.Client(proxy=proxy.url, trust_env=False, timeout=10) as agent:
-        answer = agent.post(f"{upstream.base}/status/503/charges", json={"amount": 4200, "currency": "EUR"})
+        answer = agent.post(f"{upstream.base}/status/503/charges?attempt=1", json={"amount": 4200, "currency": "EUR"},
+                            headers={"Authorization": "Bearer sk_live_browser"})
     assert answer.status_code == 504
     op = answer.headers["X-Receipt-Id"]
     assert store.receipts.get(op).state == "outcome_unknown"
@@ -96,7 +98,15 @@ def test_a_person_settles_an_unknown_receipt_in_the_browser(admin_proxy):
             page.screenshot(path=str(ARTIFACTS / "admin-list.png"), full_page=True)
 
             row.get_by_role("link", name=op).click()
-            expect(page.locator("h1")).to_contain_text("127.0.0.1")
+            expect(page.locator("h1")).to_contain_text(f"127.0.0.1:{upstream.port}")
+            # the request as journaled, on the page where the person decides: URL, headers, the body pretty-printed
+            request = page.locator("#request")
+            expect(request).to_contain_text(f"POST http://127.0.0.1:{upstream.port}/status/503/charges?attempt=1")
+            expect(page.locator("#request-headers")).to_contain_text("authorization")
+            expect(page.locator("#request-headers")).to_contain_text("[REDACTED]")
+            expect(page.locator("#request-body")).to_have_text('{\n  "amount": 4200,\n  "currency": "EUR"\n}')
+            expect(page.locator("#request-body-summary")).to_contain_text("JSON")
+            assert "sk_live_browser" not in page.content()
             expect(page.locator("#timeline li")).to_have_count(5)  # planned submitted unknown reconciling review
             page.get_by_label("it happened (succeeded)").check()
             page.get_by_label("Note (kept in the history)").fill(NOTE)

@@ -319,20 +319,21 @@ def test_the_same_body_from_another_account_is_another_intent(env: Env):
     assert env.ups["main"].count("POST", path) == 2
 
 
-def test_replay_after_success_returns_the_stored_answer(env: Env):
+def test_an_answer_stored_redacted_is_refused_not_replayed(env: Env):
+    """The upstream's answer holds a secret field (`token`): the database keeps it redacted, so it is not the
+    answer as delivered, and a repeat gets 409 duplicate-succeeded naming the original, never altered bytes."""
     body = {"title": tag()}
     before = env.ups["main"].count("POST", "/things")
     first = env.client.post(env.at("main", "/things"), json=body)
-    assert first.status_code == 201
+    assert first.status_code == 201 and first.json()["token"] == "resp-secret-token"
+    receipt = env.store.receipts.get(first.headers["X-Receipt-Id"])
+    assert receipt.response_body_redacted is True
+    assert json.loads(receipt.response_body)["token"] == "[REDACTED]"
     again = env.client.post(env.at("main", "/things"), json=body)
-    assert again.status_code == 201
-    assert again.headers["X-Receipt-Replayed"] == "true"
-    assert again.headers["X-Receipt-Id"] == first.headers["X-Receipt-Id"]
-    assert again.headers["X-Receipt-State"] == "succeeded"
-    # the stored answer is the upstream's, with its secret fields redacted before it was written down
-    assert again.json() == {**first.json(), "token": "[REDACTED]"}
-    assert "set-cookie" not in again.headers
-    assert "X-Receipt-Replayed" not in first.headers
+    doc = problem(again, 409, "duplicate-succeeded")
+    assert (doc["operation_id"], doc["upstream_status"], doc["external_id"]) == (receipt.operation_id, 201, receipt.external_id)
+    assert again.headers["X-Receipt-Id"] == receipt.operation_id
+    assert "X-Receipt-Replayed" not in again.headers
     assert env.ups["main"].count("POST", "/things") == before + 1
 
 
@@ -526,7 +527,7 @@ def test_secrets_reach_neither_the_database_nor_the_log(db_url, upstreams, tmp_p
                 r = client.post(up.base + path, json=body, headers=headers)
                 assert "X-Receipt-Id" in r.headers, r.text
                 ops.append(r.headers["X-Receipt-Id"])
-            assert r.headers.get("X-Receipt-Replayed") == "true"  # the last one replayed the first
+            assert r.status_code == 409 and r.json()["operation_id"] == ops[0]  # the first, not replayed: its answer had a secret
             refused = client.post(f"http://127.0.0.1:{free_port()}/x", json=body, headers=headers)
             assert refused.status_code == 502
             ops.append(refused.headers["X-Receipt-Id"])

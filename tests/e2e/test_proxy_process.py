@@ -74,7 +74,8 @@ def test_proxy_refuses_an_unmigrated_database(db_url, tmp_path):
     [
         ("defaults:\n  upstream_timeout: soon\n", "defaults.upstream_timeout"),
         ("proxy:\n  colour: blue\n", "proxy.colour"),
-        ('hosts:\n  "api.example.com":\n    operations:\n      - {name: x, method: GET, path: /x}\n', "operations.0.method"),
+        ('hosts:\n  "api.example.com":\n    operations:\n      - {name: x, method: "GE T", path: /x}\n', "operations.0.method"),
+        ("proxy:\n  methods: [POST, 'NOT A TOKEN']\n", "proxy.methods"),
     ],
 )
 def test_proxy_refuses_an_invalid_config(extra, key, sqlite_url, tmp_path):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from support.server import serve, stop
+from support.server import Served, serve, stop
 
 SUCCESS, SLOW, RESET, REJECT = "success", "slow", "reset", "reject"
 MODES = (SUCCESS, SLOW, RESET, REJECT)
@@ -51,7 +51,7 @@ class Read:
 
 
 @dataclass
-class RecordingUpstream:
+class RecordingUpstream(Served):
     slow_seconds: float = 1.0
     read_delay: float = 0.0
     receptions: list[Reception] = field(default_factory=list)
@@ -80,15 +80,6 @@ class RecordingUpstream:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-    @property
-    def port(self) -> int:
-        assert self.server is not None
-        return self.server.server_address[1]
-
-    @property
-    def netloc(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
     @property
     def items_url(self) -> str:

@@ -48,3 +48,22 @@ def stop(server: ThreadingHTTPServer | None, thread: threading.Thread | None) ->
         server.server_close()
     if thread is not None:
         thread.join(5)
+
+
+class Served:
+    """Where a server of `serve` listens, for the classes that hold one in `server`."""
+
+    server: ThreadingHTTPServer | None
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None, "not started"
+        return self.server.server_address[1]
+
+    @property
+    def netloc(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.netloc}"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from support.server import serve, stop
+from support.server import Served, serve, stop
 
 
 @dataclass
@@ -22,20 +22,12 @@ class Received:
 
 
 @dataclass
-class Upstream:
+class Upstream(Served):
     server: ThreadingHTTPServer
     thread: threading.Thread
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_id: int = 1000
-
-    @property
-    def port(self) -> int:
-        return self.server.server_address[1]
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def count(self, method: str | None = None, path: str | None = None) -> int:
         with self.lock:

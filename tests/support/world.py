@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from support.server import serve, stop
+from support.server import Served, serve, stop
 
 OK = "ok"
 COMMIT_THEN_HANG = "commit_then_hang"
@@ -56,7 +56,7 @@ def _now_iso() -> str:
 
 
 @dataclass
-class World:
+class World(Served):
     server: ThreadingHTTPServer | None = None
     thread: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -81,19 +81,6 @@ class World:
     _next_id: int = 100
 
     # -- lifecycle ------------------------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        assert self.server is not None
-        return self.server.server_address[1]
-
-    @property
-    def netloc(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def base(self) -> str:
-        return f"http://{self.netloc}"
 
     def stop(self) -> None:
         self.released.set()

@@ -1,6 +1,7 @@
 """The receipts command on a real database: JSON shapes of the contract, exit codes, one-line errors."""
 
 import json
+import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import update
+from support.proxy import REPO
 from support.store import intent, recorded, walk
 
 from proxy_addon.cli import main
@@ -224,3 +226,230 @@ def test_tables_keep_each_operation_id_whole_on_one_line(cli, cli_store):
         assert len([line for line in out.splitlines() if op in line]) == 1, out
     code, out, _ = cli("show", ops[0])
     assert code == 0 and ops[0] in out and "manual_review" in out
+
+
+# -- issue 14: `--host host:port`, `show` with the request as journaled, `env`, paths relative to the config ----
+
+
+def test_ls_host_takes_host_and_port_and_shows_the_port(cli, cli_store):
+    ids = {}
+    for port in (18112, 18113):
+        ids[port] = recorded(cli_store, intent(scheme="http", host="127.0.0.1", port=port)).operation_id
+    default = recorded(cli_store, intent()).operation_id  # https on 443: shown without its port
+
+    code, out, _ = cli("ls", "--host", "127.0.0.1:18112", "--json")
+    assert code == 0 and [r["operation_id"] for r in json.loads(out)] == [ids[18112]]
+    code, out, _ = cli("ls", "--host", "127.0.0.1", "--json")
+    assert {r["operation_id"] for r in json.loads(out)} == set(ids.values())
+    code, out, _ = cli("ls", "--host", "API.example.com:443", "--json")
+    assert [r["operation_id"] for r in json.loads(out)] == [default]
+
+    code, out, _ = cli("ls")
+    assert code == 0 and "127.0.0.1:18112" in out and "127.0.0.1:18113" in out
+    assert "api.example.com " in out and "api.example.com:443" not in out
+
+    code, out, _ = cli("ls", "--host", "127.0.0.1:18119", "--state", "planned")  # a typo in the port
+    assert code == 0 and out.strip() == "0 receipts matching --state planned --host 127.0.0.1:18119"
+    code, out, _ = cli("ls", "--host", "127.0.0.1:18119", "--json")
+    assert code == 0 and json.loads(out) == []  # --json stays one JSON document
+
+    for bad in ("127.0.0.1:port", "127.0.0.1:", "127.0.0.1:70000", "[::1"):
+        with pytest.raises(SystemExit) as e:
+            cli("ls", "--host", bad)
+        assert e.value.code == 2, bad
+
+
+@pytest.mark.parametrize("text, host, port", [
+    ("api.example.com", "api.example.com", None),
+    ("API.Example.com:8443", "api.example.com", 8443),
+    ("127.0.0.1:18112", "127.0.0.1", 18112),
+    ("[::1]:8080", "::1", 8080),
+    ("[::1]", "::1", None),
+    ("::1", "::1", None),
+])
+def test_host_filters(text, host, port):
+    from proxy_addon.documents import parse_host_filter
+
+    assert parse_host_filter(text) == (host, port)
+
+
+def _journaled(store, target: State, **fields) -> str:
+    op = recorded(store, intent(**fields)).operation_id
+    walk(store, op, target)
+    return op
+
+
+def test_show_prints_the_request_as_journaled(cli, cli_store):
+    body = {"title": "Hello", "password": "[REDACTED]", "tags": ["a", "b"]}
+    op = _journaled(
+        cli_store, State.MANUAL_REVIEW, scheme="http", host="127.0.0.1", port=18112, query="draft=1&token=%5BREDACTED%5D",
+        request_headers={"content-type": "application/json", "authorization": "[REDACTED]"},
+        request_body=json.dumps(body, separators=(",", ":")).encode(), request_body_size=61,
+    )
+    code, out, _ = cli("show", op)
+    assert code == 0
+    assert "POST http://127.0.0.1:18112/api/articles?draft=1&token=%5BREDACTED%5D" in out
+    assert "authorization: [REDACTED]" in out and "content-type: application/json" in out
+    assert "JSON, 61 bytes" in out
+    assert '"title": "Hello",' in out and '  "tags": [' in out  # pretty-printed, one field a line
+
+    code, out, _ = cli("show", op, "--json")
+    shown = json.loads(out)
+    request = shown["request"]
+    assert (request["method"], request["url"]) == ("POST", "http://127.0.0.1:18112/api/articles?draft=1&token=%5BREDACTED%5D")
+    assert request["headers"] == {"content-type": "application/json", "authorization": "[REDACTED]"}
+    assert request["body"]["kind"] == "json" and request["body"]["document"] == body
+    assert (request["body"]["size"], request["body"]["truncated"]) == (61, False)
+    assert shown["response"] is None
+
+
+def test_show_formats_forms_binary_and_folds_long_bodies(cli, cli_store):
+    form = _journaled(cli_store, State.OUTCOME_UNKNOWN, request_headers={"content-type": "application/x-www-form-urlencoded"},
+                      request_body=b"name=Ana+Lima&password=%5BREDACTED%5D&empty=", request_body_size=40)
+    code, out, _ = cli("show", form)
+    assert "form, 40 bytes, 3 fields" in out and "name = Ana Lima" in out and "password = [REDACTED]" in out
+    assert json.loads(cli("show", form, "--json")[1])["request"]["body"]["form"] == [
+        ["name", "Ana Lima"], ["password", "[REDACTED]"], ["empty", ""]]
+
+    png = _journaled(cli_store, State.SUCCEEDED, request_headers={"content-type": "image/png"},
+                     request_body=b"\x89PNG\r\n\x1a\n" + bytes(range(256)), request_body_size=264)
+    code, out, _ = cli("show", png)
+    assert "264 bytes of binary" in out and "PNG" not in out
+    assert json.loads(cli("show", png, "--json")[1])["request"]["body"]["text"] is None
+
+    lines = {f"field_{i:03}": "x" * 20 for i in range(200)}
+    long = _journaled(cli_store, State.MANUAL_REVIEW, request_headers={"content-type": "application/json"},
+                      request_body=json.dumps(lines).encode()[:4096], request_body_size=6000, request_body_truncated=True)
+    code, out, _ = cli("show", long)
+    assert "only its first 4096 bytes were stored" in out
+    # cut at 4096 bytes it is not JSON any more: shown as the text it is, its first 2000 characters
+    assert '"field_000": "xxxxxxxxxxxxxxxxxxxx"' in out and '"field_099"' not in out
+    assert f"2096 more characters folded: `receipts show {long} --json` has it all" in out
+    assert json.loads(cli("show", long, "--json")[1])["request"]["body"]["kind"] == "text"
+
+
+def test_show_folds_a_long_json_body(cli, cli_store):
+    document = {f"field_{i:03}": i for i in range(100)}
+    op = _journaled(cli_store, State.MANUAL_REVIEW, request_headers={"content-type": "application/json"},
+                    request_body=json.dumps(document).encode(), request_body_size=1900)
+    code, out, _ = cli("show", op)
+    assert '"field_000": 0' in out and '"field_027": 27' in out and '"field_099"' not in out
+    assert f"72 more lines folded: `receipts show {op} --json` has it all" in out
+    assert json.loads(cli("show", op, "--json")[1])["request"]["body"]["document"] == document
+
+
+def test_show_escapes_what_it_prints(cli, cli_store):
+    """A body is the agent's (or an attacker's) text: no terminal escape sequence and no rich markup gets through."""
+    op = _journaled(cli_store, State.MANUAL_REVIEW, path="/x/[bold]p[/bold]", operation="POST api.example.com /x/[bold]p[/bold]",
+                    request_headers={"content-type": "text/plain", "x-note": "[/oops]"},
+                    request_body=b"clear \x1b[2J screen [red]red[/red]", request_body_size=31)
+    code, out, err = cli("show", op)
+    assert code == 0, err
+    assert "\x1b" not in out and "[red]red[/red]" not in out  # text with a control character is shown as binary
+    assert "31 bytes of binary" in out and "/x/[bold]p[/bold]" in out and "x-note: [/oops]" in out
+    text = _journaled(cli_store, State.MANUAL_REVIEW, request_headers={"content-type": "text/plain"},
+                      request_body=b"[red]not markup[/red] <b>", request_body_size=25)
+    code, out, _ = cli("show", text)
+    assert "[red]not markup[/red] <b>" in out
+    code, out, _ = cli("ls")
+    assert "[bold]p[/bold]" in out
+
+
+def test_show_prints_the_stored_answer_and_the_reconcilers_reads(cli, cli_store):
+    op = recorded(cli_store, intent(request_headers={"content-type": "application/json"}, request_body=b'{"amount":5}',
+                                    request_body_size=12)).operation_id
+    walk(cli_store, op, State.OUTCOME_UNKNOWN)
+    cli_store.receipts.transition(op, State.OUTCOME_UNKNOWN, State.RECONCILING, {"who": "worker-1"})
+    read = {"method": "GET", "url": "https://api.example.com/charges?limit=30", "status": 200, "elapsed_ms": 12.5}
+    cli_store.receipts.transition(
+        op, State.RECONCILING, State.SUCCEEDED,
+        {"who": "worker-1", "strategy": "search", "result": "present", "reads": [read], "matched_id": "ch_1"},
+        status_code=201, external_id="ch_1", response_headers={"content-type": "application/json", "set-cookie": "[REDACTED]"},
+        response_body=b'{"id":"ch_1","token":"[REDACTED]"}',
+    )
+    code, out, _ = cli("show", op)
+    assert "status 201" in out and "set-cookie: [REDACTED]" in out and '"id": "ch_1"' in out
+    assert "reconciler's reads" in out and "GET https://api.example.com/charges?limit=30" in out and "present" in out
+    shown = json.loads(cli("show", op, "--json")[1])
+    assert shown["response"]["status_code"] == 201
+    assert shown["response"]["body"]["document"] == {"id": "ch_1", "token": "[REDACTED]"}
+    assert shown["transitions"][-1]["detail"]["reads"] == [read]
+
+
+def test_env_prints_exports_a_shell_can_eval(tmp_path):
+    confdir = tmp_path / "conf dir"  # a space: the values are quoted for the shell
+    confdir.mkdir()
+    (confdir / "mitmproxy-ca-cert.pem").write_text("not really a CA\n")
+    script = (
+        f'eval "$({sys.executable} -m proxy_addon.cli env --listen-port 18080 --confdir \'{confdir}\')" && '
+        'printf "%s\\n" "$HTTP_PROXY" "$HTTPS_PROXY" "$http_proxy" "$https_proxy" '
+        '"$SSL_CERT_FILE" "$REQUESTS_CA_BUNDLE" "$CURL_CA_BUNDLE" "$NODE_EXTRA_CA_CERTS"'
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "HOME": str(tmp_path)})
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    ca = str(confdir / "mitmproxy-ca-cert.pem")
+    assert done.stdout.splitlines() == ["http://127.0.0.1:18080"] * 4 + [ca] * 4
+
+
+def test_env_notes_node_the_check_and_a_missing_ca(cli, tmp_path):
+    code, out, err = cli("env", "--confdir", str(tmp_path / "none"), "--listen-host", "0.0.0.0")
+    assert code == 0
+    exports = [line for line in out.splitlines() if not line.startswith("#")]
+    assert exports[0] == "export HTTP_PROXY=http://127.0.0.1:8080"  # listening everywhere: reached on loopback
+    assert len(exports) == 8 and all(line.startswith("export ") for line in exports)
+    comments = "\n".join(line for line in out.splitlines() if line.startswith("#"))
+    assert "NODE_USE_ENV_PROXY=1" in comments and "EnvHttpProxyAgent" in comments and "undici@7" in comments
+    assert "curl -sS -o /dev/null -D - -X POST https://receipts-check.invalid/ | grep -i '^x-receipt-id'" in comments
+    assert "does not exist yet" in err and str(tmp_path / "none") in err
+    code, out, _ = cli("env", "--listen-host", "::1", "--listen-port", "9000", "--confdir", str(tmp_path))
+    assert "export HTTPS_PROXY=http://[::1]:9000" in out
+
+
+def test_paths_in_a_config_are_relative_to_it_from_another_directory(tmp_path):
+    """`receipts ... --config /abs/config.yaml` run from elsewhere finds the database next to the config; the
+    environment's URL is taken as given (relative to the working directory)."""
+    confdir, elsewhere = tmp_path / "conf", tmp_path / "elsewhere"
+    confdir.mkdir(), elsewhere.mkdir()
+    config = confdir / "config.yaml"
+    config.write_text("database:\n  url: sqlite:///relative.db\nsecret_file: keys/.secret\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
+
+    def receipts(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "proxy_addon.cli", *args], cwd=elsewhere, capture_output=True,
+                              text=True, timeout=60, env={**env, **extra})
+
+    done = receipts("db", "upgrade", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert (confdir / "relative.db").exists() and not (elsewhere / "relative.db").exists()
+    listed = receipts("ls", "--json", "--config", str(config))
+    assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    relative = receipts("ls", "--json", "--config", "../conf/config.yaml")
+    assert relative.returncode == 0 and json.loads(relative.stdout) == [], relative.stderr
+
+    done = receipts("db", "upgrade", "--config", str(config), RECEIPTS_DATABASE_URL="sqlite:///from-env.db")
+    assert done.returncode == 0 and (elsewhere / "from-env.db").exists() and not (confdir / "from-env.db").exists()
+
+
+def test_the_secret_file_and_the_default_database_sit_beside_the_config(tmp_path, monkeypatch):
+    from proxy_addon.account import load_or_create_key
+    from proxy_addon.config import load_config
+
+    confdir = tmp_path / "conf"
+    confdir.mkdir()
+    (confdir / "config.yaml").write_text("secret_file: .receipts-secret\n")
+    (confdir / "empty.yaml").write_text("{}\n")
+    (confdir / "absolute.yaml").write_text(f"database: {{url: 'sqlite:///{tmp_path}/abs.db'}}\nsecret_file: {tmp_path}/k\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RECEIPTS_SECRET", raising=False)
+    config = load_config("conf/config.yaml")
+    assert config.secret_file == str(confdir / ".receipts-secret")
+    load_or_create_key(config.secret_file)
+    assert (confdir / ".receipts-secret").exists() and not (tmp_path / ".receipts-secret").exists()
+    empty = load_config(confdir / "empty.yaml")
+    assert (empty.database.url, empty.secret_file) == (f"sqlite:///{confdir}/receipts.db", str(confdir / ".receipts-secret"))
+    absolute = load_config(confdir / "absolute.yaml")
+    assert (absolute.database.url, absolute.secret_file) == (f"sqlite:///{tmp_path}/abs.db", f"{tmp_path}/k")
+    pg = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    (confdir / "pg.yaml").write_text(f"database: {{url: '{pg}'}}\n")
+    assert load_config(confdir / "pg.yaml").database.url == pg

@@ -13,11 +13,13 @@ CONTRACT_EXAMPLE = """\
 database:
   url: sqlite:///receipts.db            # or postgresql+psycopg://user@host/db
 defaults:                               # every host inherits these
-  upstream_timeout: 30s                 # read timeout after the request is sent
+  upstream_timeout: 30s                 # idle: longest wait for the answer to begin and between its reads
+  upstream_deadline: null               # optional bound on the whole exchange, e.g. 5m
   unknown_statuses: [500, 502, 503, 504]   # upstream answers that mean "outcome unknown"
   after_success: {policy: replay, window: 15m}
   redact_headers: [X-Custom-Token]      # added to the built-in secret headers
-  redact_fields: [password, token, secret, api_key]   # body fields, at any depth
+  redact_fields: [password, token, secret, api_key]   # body fields, at any depth (added to the built-in names)
+  in_flight: {policy: refuse, max_wait: 30s}   # refuse | wait: a repeat while the original is still in flight
 hosts:
   "api.example.com":                    # a host, or host:port (host:port wins over host)
     upstream_timeout: 10s
@@ -78,6 +80,8 @@ def test_the_contract_example_config_parses():
     assert cfg.database.url == "sqlite:///receipts.db"
     assert (cfg.defaults.upstream_timeout, cfg.defaults.unknown_statuses) == (30.0, [500, 502, 503, 504])
     assert (cfg.defaults.after_success.policy, cfg.defaults.after_success.window) == ("replay", 900.0)
+    assert cfg.defaults.upstream_deadline is None
+    assert (cfg.defaults.in_flight.policy, cfg.defaults.in_flight.max_wait) == ("refuse", 30.0)
     host = cfg.hosts["api.example.com"]
     assert (host.upstream_timeout, host.inject_idempotency_key) == (10.0, False)
     (op,) = host.operations
@@ -117,7 +121,7 @@ OP = HOST + "    operations:\n      - name: a\n        method: POST\n        pat
     (OP.replace("path: /a", "path: '/a/{id'"), "hosts.api.example.com.operations.0.path"),
     (OP.replace("path: /a", "path: 'a/{id}'"), "hosts.api.example.com.operations.0.path"),
     (OP.replace("path: /a", "path: '/a/{id}/{id}'"), "hosts.api.example.com.operations.0.path"),
-    (OP.replace("method: POST", "method: GET"), "hosts.api.example.com.operations.0.method"),
+    (OP.replace("method: POST", "method: 'GE T'"), "hosts.api.example.com.operations.0.method"),  # not a token
     (OP + "        reconcile: {strategy: lookup, url: 'https://x/{nope}'}\n",
      "hosts.api.example.com.operations.0.reconcile.url"),
     (OP + "        reconcile: {strategy: lookup}\n", "hosts.api.example.com.operations.0.reconcile"),
@@ -253,3 +257,38 @@ def test_match_operation_one_segment_per_placeholder(method, path, name, params)
 def test_malformed_path_templates_are_refused(template):
     with pytest.raises(ValueError):
         compile_path_template(template)
+
+
+@pytest.mark.parametrize("text, key", [
+    ("defaults: {upstream_timeout: 0s}", "defaults.upstream_timeout"),
+    ("defaults: {upstream_timeout: 0}", "defaults.upstream_timeout"),
+    ("defaults: {upstream_deadline: 0ms}", "defaults.upstream_deadline"),
+    ("defaults: {connect_timeout: 0s}", "defaults.connect_timeout"),
+    ("defaults: {in_flight: {policy: wait, max_wait: 0s}}", "defaults.in_flight.max_wait"),
+    (HOST + "    upstream_timeout: 0s\n", "hosts.api.example.com.upstream_timeout"),
+    (HOST + "    upstream_deadline: 0s\n", "hosts.api.example.com.upstream_deadline"),
+    (HOST + "    in_flight: {policy: later}\n", "hosts.api.example.com.in_flight.policy"),
+])
+def test_a_timeout_of_zero_is_refused_naming_the_key(text, key):
+    """A 0s timeout would end every exchange before it began: every write "unknown". Refused at load."""
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, source="config.yaml")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"config.yaml: {key}: "), message
+    if "policy" not in key:
+        assert "must be more than 0s" in message
+
+
+def test_upstream_deadline_and_in_flight_per_host():
+    cfg = parse_config(
+        "defaults: {upstream_deadline: 5m, in_flight: {policy: wait, max_wait: 10s}}\n"
+        "hosts:\n"
+        "  inherits.example.com: {upstream_timeout: 5s}\n"
+        "  own.example.com: {upstream_deadline: 10s, in_flight: {policy: refuse}}\n"
+        "  none.example.com: {upstream_deadline: null}\n"
+    )
+    inherits, own, none = (cfg.policy_for(f"{h}.example.com", 443) for h in ("inherits", "own", "none"))
+    assert (inherits.upstream_timeout, inherits.upstream_deadline, inherits.in_flight.policy) == (5.0, 300.0, "wait")
+    assert (own.upstream_deadline, own.in_flight.policy, own.in_flight.max_wait) == (10.0, "refuse", 30.0)
+    assert none.upstream_deadline is None  # a host may turn the default deadline off
+    assert parse_config("").policy_for("x", 443).upstream_deadline is None

@@ -332,7 +332,7 @@ def test_replicas_creating_the_key_file_at_once_all_read_the_same_whole_key(tmp_
 def test_huge_exponents_cost_nothing_and_stay_exact(body, stored):
     got = analyse_body(JSON, body, RF)
     assert (got.kind, got.stored, got.note) == ("json", stored, None)
-    assert isinstance(got.document["a"], float | list)  # never expanded into a million-digit int
+    assert not isinstance(got.document["a"], int)  # never expanded into a million-digit int
     assert FORMAT.match(fingerprint(body))
 
 

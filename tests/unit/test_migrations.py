@@ -4,7 +4,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from proxy_addon.db import (
     DATABASE_URL_ENV,
@@ -146,3 +146,27 @@ def test_resolve_database_url_precedence(monkeypatch, env, configured, expected)
         monkeypatch.setenv(DATABASE_URL_ENV, env)
     assert resolve_database_url(configured) == expected
     assert DEFAULT_DATABASE_URL == "sqlite:///receipts.db"
+
+
+def test_0003_marks_answers_stored_before_it_as_not_replayable(db_url):
+    """Answers stored before byte-exact replays may have been re-serialised or redacted: never replayed."""
+    cfg = alembic_config(db_url)
+    command.upgrade(cfg, "0002")
+    engine = make_engine(db_url)
+    try:
+        json_value = "CAST(:headers AS JSON)" if engine.dialect.name == "postgresql" else ":headers"
+        insert = text(
+            "INSERT INTO receipts (operation_id, operation, method, scheme, host, port, path, intent_fingerprint,"
+            " account, state, created_at, updated_at, response_headers)"
+            f" VALUES (:op, 'x', 'POST', 'http', 'h', 80, '/', 'sha256:0', 'acct', 'succeeded',"
+            f" CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, {json_value})"
+        )
+        with engine.begin() as conn:
+            for op, headers in (("op_with_answer", '{"content-type": "application/json"}'), ("op_without", None)):
+                conn.execute(insert, {"op": op, "headers": headers})
+        command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            marked = dict(conn.exec_driver_sql("SELECT operation_id, response_body_redacted FROM receipts").all())
+    finally:
+        engine.dispose()
+    assert {op: bool(v) for op, v in marked.items()} == {"op_with_answer": True, "op_without": False}

@@ -453,7 +453,8 @@ def _receipt(method: str = "POST", attempts: int = 0, external_id: str | None = 
         status_code=None, external_id=external_id, error_code="upstream_timeout", error_message=None,
         authentication_recorded=False, proxy_instance=None, request_headers=None, request_body=None,
         request_body_size=0, request_body_truncated=False, body_note=None, response_headers=None,
-        response_body=None, response_body_truncated=False, reconcile_attempts=attempts, next_attempt_at=None,
+        response_body=None, response_body_truncated=False, response_body_redacted=False, reconcile_attempts=attempts,
+        next_attempt_at=None,
         lease_owner="w", lease_expires_at=NOW,
     )  # fmt: skip
 
@@ -551,7 +552,8 @@ def _operation(path: str, method: str = "POST", **reconcile: Any) -> dict[str, A
         pytest.param(_operation("/c/{charge_id}/refunds", url="http://h/r?c={path.charge}"),
                      "reconcile url uses {path.charge}, but path /c/{charge_id}/refunds has no {charge}", id="path typo"),
         pytest.param(_operation("/x", url="http://h/{bogus.a.b}"), "unknown placeholder {bogus.a.b}", id="dotted typo"),
-        pytest.param(_operation("/x", url="http://h/x", method="GET"), "is not one the proxy journals", id="GET"),
+        pytest.param(_operation("/x", url="http://h/x", method="GET /x"), "is not an HTTP method token", id="not a token"),
+        pytest.param(_operation("/x", url="http://h/x", body={"q": 1}), "body is sent only with method POST", id="GET body"),
         pytest.param({**_operation("/x", url="http://h/x"), "reconcile": {"strategy": "search", "method": "HEAD",
                       "url": "http://h/x", "match": {"$.a": "$.a"}}}, "method HEAD reads no body", id="HEAD search"),
         pytest.param(_operation("/x", url="http://h/x", absent_means="succeeded"), "only allowed for DELETE",

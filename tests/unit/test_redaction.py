@@ -284,3 +284,33 @@ def test_structlog_lines_are_scrubbed():
         configure_logging("info", "json")
     line = json.loads(stream.getvalue())
     assert "5e2" not in stream.getvalue() and line["event"] == "failed" and "Authorization" in line["error"]
+
+
+# -- the protocols' own identities: GraphQL literals and variables, MCP tool arguments ------------------------
+
+
+def _protocol_intent(body: dict, path: str):
+    from dataclasses import replace as replaced
+
+    from proxy_addon.protocols import routing
+
+    config = parse_config("")
+    raw = json.dumps(body).encode()
+    f = RequestFacts("POST", "https", "api.example.com", 443, path, [], [("Content-Type", "application/json")],
+                     "application/json", raw)
+    f = replaced(f, call=routing.recognise(f, config))
+    return build_intent(f, config.policy_for("api.example.com", 443), HASHER, "i", 65536, None, "op")[0]
+
+
+@pytest.mark.parametrize("make", [
+    lambda pw: ({"query": f'mutation {{ login(user: "u", password: "{pw}") {{ ok }} }}'}, "/graphql"),
+    lambda pw: ({"query": "mutation L($p: String!) { login(user: \"u\", password: $p) { ok } }", "variables": {"p": "x", "password": pw}},
+                "/graphql"),
+    lambda pw: ({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                 "params": {"name": "login", "arguments": {"user": "u", "client_secret": pw}}}, "/mcp"),
+])
+def test_protocol_secrets_count_through_the_key_and_are_never_stored(make):
+    right, wrong = (_protocol_intent(*make(pw)) for pw in ("right-pw-3b1", "wrong-pw-3b1"))
+    assert right.intent_fingerprint != wrong.intent_fingerprint
+    assert right.intent_fingerprint == _protocol_intent(*make("right-pw-3b1")).intent_fingerprint
+    assert b"pw-3b1" not in (right.request_body or b"") and right.operation.split()[0] in ("graphql", "mcp")

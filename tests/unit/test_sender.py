@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from support.server import free_port
 
-from proxy_addon.sender import SendEnd, SendResult, TLSSettings, UpstreamSender
+from proxy_addon.sender import SendEnd, SendResult, Timeouts, TLSSettings, UpstreamSender
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 ANSWER = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\n{\"id\": 1}"
@@ -35,7 +35,8 @@ def send(serve: Serve | None, read_timeout: float = 5.0, headers: list[tuple[byt
         sender = UpstreamSender(TLSSettings())
         try:
             return await sender.send_once(
-                "POST", f"http://127.0.0.1:{port}/things", headers or [(b"content-type", b"application/json")], b'{"a": 1}', 2.0, read_timeout
+                "POST", f"http://127.0.0.1:{port}/things", headers or [(b"content-type", b"application/json")], b'{"a": 1}',
+                Timeouts(connect=2.0, idle=read_timeout),
             )
         finally:
             await sender.aclose()
@@ -83,9 +84,9 @@ def test_how_a_send_that_got_no_answer_ended(serve, end):
     assert len(seen) == (0 if serve is None else 1)
 
 
-def test_no_answer_within_the_read_timeout_is_a_timeout_after_the_request_was_written():
+def test_no_answer_within_the_idle_timeout_is_a_timeout_after_the_request_was_written():
     result, seen = send(never_answer, read_timeout=0.2)
-    assert result.end == SendEnd.TIMEOUT and "read timeout" in (result.error or "")
+    assert result.end == SendEnd.TIMEOUT and "upstream_timeout" in (result.error or "")
     assert len(seen) == 1
 
 

@@ -60,6 +60,26 @@ def test_recovery_touches_only_the_dead_instance(store, death):
     assert store.instances.dead(None, 60.0, known_dead=["A"]) == []  # recovered once, not again
 
 
+def test_an_instance_that_woke_up_after_recovery_and_died_again_is_recovered_again(store):
+    """Frozen past instance_dead_after, A was taken for dead and recovered; it woke up and journaled a write
+    before its next heartbeat (which would have cleared `recovered_at`), then died: that write must not stay
+    `submitted` for ever (found by the fault suite's frozen-replica scenario)."""
+    store.instances.register("A", "host-a", 101)
+    store.instances.register("B", "host-b", 202)
+    first = walk(store, recorded(store, intent(proxy_instance="A")).operation_id, S.SUBMITTED)
+    with store.engine.begin() as c:  # A froze: its last heartbeat is long ago
+        c.execute(update(instances).where(instances.c.instance_id == "A").values(heartbeat_at=utcnow() - timedelta(hours=1)))
+    assert store.instances.dead("B", 60.0) == ["A"]
+    assert [r.operation_id for r in store.instances.recover("A", by="B")] == [first.operation_id]
+    assert store.instances.dead("B", 60.0) == []  # recovered: nothing of A's is left in flight
+
+    woke = walk(store, recorded(store, intent(proxy_instance="A")).operation_id, S.SUBMITTED)  # then A died
+
+    assert store.instances.dead("B", 60.0) == ["A"]
+    assert [(r.operation_id, r.to_state) for r in store.instances.recover("A", by="B")] == [(woke.operation_id, "outcome_unknown")]
+    assert store.instances.dead("B", 60.0) == []
+
+
 def test_prune_deletes_only_old_terminal_receipts(store):
     old = utcnow() - timedelta(days=3)
     doomed = [walk(store, recorded(store, intent()).operation_id, s, completed_at=old).operation_id

@@ -1,0 +1,151 @@
+"""What a keep-alive connection buys the sender, against the fresh connection per write it uses (issue 18).
+
+    .venv/bin/python bench/keepalive.py [--requests 2000] [--runs 3]
+
+Starts bench/upstream.py twice in processes of their own (http, and https with a throw-away self-signed
+certificate) and sends the same small POST many times, at concurrency 1 and 16: `fresh` through
+`UpstreamSender.send_once` (its own connection each time, as the proxy sends journaled writes), `reused`
+over one kept connection per worker with the same h11 exchange. Prints CPU milliseconds per request in this
+process (the sender's cost; the upstream's is in its own process), the median latency and the rate, each
+the median of --runs runs. The figures quoted in proxy_addon/sender.py come from this script.
+"""
+
+import argparse
+import asyncio
+import datetime
+import ipaddress
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import h11
+
+from proxy_addon.sender import (
+    SendEnd,
+    Timeouts,
+    TLSSettings,
+    UpstreamSender,
+    _exchange,
+    _ssl_context,
+    _Stream,
+)
+
+BODY = b'{"title": "keep-alive or not"}'
+HEADERS = [(b"content-type", b"application/json")]
+TIMEOUTS = Timeouts(connect=5.0, idle=5.0)
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_path, key_path
+
+
+def start_upstream(tls: tuple[Path, Path] | None) -> tuple[subprocess.Popen, int]:
+    args = [sys.executable, str(Path(__file__).with_name("upstream.py"))]
+    if tls:
+        args += ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline().split()[1])
+
+
+async def fresh_worker(sender: UpstreamSender, url: str, n: int, latencies: list[float]) -> None:
+    for _ in range(n):
+        t = time.perf_counter()
+        result = await sender.send_once("POST", url, HEADERS, BODY, TIMEOUTS)
+        latencies.append(time.perf_counter() - t)
+        assert result.end == SendEnd.ANSWERED, result
+
+
+async def reused_worker(scheme: str, port: int, n: int, latencies: list[float]) -> None:
+    loop = asyncio.get_running_loop()
+    tls = _ssl_context(TLSSettings(insecure=True)) if scheme == "https" else None
+    _, stream = await loop.create_connection(_Stream, "127.0.0.1", port, ssl=tls, server_hostname="127.0.0.1" if tls else None)
+    h = h11.Connection(h11.CLIENT)
+    headers = [(b"host", f"127.0.0.1:{port}".encode()), *HEADERS, (b"content-length", str(len(BODY)).encode())]
+    try:
+        for _ in range(n):
+            t = time.perf_counter()
+            chunks = h.send_with_data_passthrough(h11.Request(method=b"POST", target=b"/x", headers=headers))
+            chunks += h.send_with_data_passthrough(h11.Data(data=BODY)) + h.send_with_data_passthrough(h11.EndOfMessage())
+            answer = await _exchange(stream, h, chunks, TIMEOUTS.idle)
+            latencies.append(time.perf_counter() - t)
+            assert answer.status_code == 201, answer
+            h.start_next_cycle()
+    finally:
+        stream.abort()
+
+
+async def measure(scheme: str, port: int, mode: str, n: int, concurrency: int) -> tuple[float, float, float]:
+    sender = UpstreamSender(TLSSettings(insecure=True))
+    url = f"{scheme}://127.0.0.1:{port}/x"
+    warm: list[float] = []
+    if mode == "fresh":
+        await fresh_worker(sender, url, 50, warm)
+    else:
+        await reused_worker(scheme, port, 50, warm)
+    latencies: list[float] = []
+    per = n // concurrency
+    cpu, wall = time.process_time(), time.perf_counter()
+    if mode == "fresh":
+        await asyncio.gather(*(fresh_worker(sender, url, per, latencies) for _ in range(concurrency)))
+    else:
+        await asyncio.gather(*(reused_worker(scheme, port, per, latencies) for _ in range(concurrency)))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    done = per * concurrency
+    return cpu / done * 1000, statistics.median(latencies) * 1000, done / wall
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--runs", type=int, default=3)
+    args = p.parse_args()
+    print("| upstream | concurrency | connection | CPU ms/request | p50 ms | req/s |")
+    print("|---|---:|---|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        cert = self_signed(Path(tmp))
+        for scheme in ("http", "https"):
+            proc, port = start_upstream(cert if scheme == "https" else None)
+            try:
+                for concurrency in (1, 16):
+                    for mode in ("reused", "fresh"):
+                        runs = [asyncio.run(measure(scheme, port, mode, args.requests, concurrency)) for _ in range(args.runs)]
+                        cpu, p50, rate = (statistics.median(r[i] for r in runs) for i in range(3))
+                        print(f"| {scheme} | {concurrency} | {mode} | {cpu:.2f} | {p50:.2f} | {rate:.0f} |", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""What is journaled, and what passes through (CONTRACT.md, "What is journaled, and what passes through").
+
+Two steps, so that pass-through traffic streams from its first byte:
+1. `route`, from the request's head alone: its method is not in `proxy.methods`, its host says
+   `journal: false` (or is a model API), or the operation rule for its route says `journal: false`: it
+   passes. Otherwise it may be a write, and its body is read whole.
+2. `recognise`, from the body: each protocol module in PROTOCOLS is asked in turn (under `protocol: auto`,
+   or the one the host or rule forces; `rest` asks none). Its `Call` says read or write, and how a write is
+   identified, named and answered. A rule naming that very call (`call: <tool or operation>`) may still
+   say `journal: false`.
+
+Rules: the route's rule is the first whose method and path template match and that names no `call`; a
+protocol call's rule is the first that names it (a glob), else the route's. Pure; no mitmproxy.
+"""
+
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any, Protocol
+
+from proxy_addon.config import HostPolicy, ReceiptsConfig
+from proxy_addon.operations import OperationRule, ProtocolName
+from proxy_addon.protocols import graphql, jsonrpc
+from proxy_addon.protocols.base import Call
+from proxy_addon.protocols.rest import REST
+
+if TYPE_CHECKING:
+    from proxy_addon.intent import RequestFacts
+
+
+class ProtocolModule(Protocol):
+    NAME: str
+    OPERATION_PREFIX: str
+
+    def recognise(self, facts: "RequestFacts", route: "Route", policy: HostPolicy) -> Call | None: ...
+
+    def read_headers(self, body: Any) -> dict[str, str] | None: ...
+
+
+PROTOCOLS: tuple[ProtocolModule, ...] = (graphql, jsonrpc)  # the modules, asked in this order
+# operation-name prefixes -> the call's name, for rules matched again later (the reconciler)
+_PREFIXES = (jsonrpc.MCP_OPERATION_PREFIX, graphql.OPERATION_PREFIX, jsonrpc.OPERATION_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What the head of a request says: journaled (maybe), or passing through and why."""
+
+    journal: bool
+    passes: str | None = None  # method | host | model_api | rule
+    protocol: ProtocolName = "auto"
+    read_methods: tuple[str, ...] = ()
+
+
+def route(config: ReceiptsConfig, method: str, host: str, port: int, path: str) -> Route:
+    method = method.upper()
+    if method not in config.proxy.methods:
+        return Route(False, "method")
+    policy = config.policy_for(host, port)
+    if not policy.journal:
+        return Route(False, "model_api" if policy.model_api else "host")
+    rule = _route_rule(policy, method, path.partition("?")[0] or "/")
+    if rule is not None and not rule.journal:
+        return Route(False, "rule")
+    if rule is None:
+        return Route(True, protocol=policy.protocol)
+    return Route(True, protocol=rule.protocol or policy.protocol, read_methods=tuple(rule.read_methods))
+
+
+def recognise(facts: "RequestFacts", config: ReceiptsConfig) -> Call:
+    """The request as its protocol reads it (REST when none claims it)."""
+    where = route(config, facts.method, facts.host, facts.port, facts.path)
+    if not where.journal:
+        return REST.passing(where.passes or "route")
+    policy = config.policy_for(facts.host, facts.port)
+    call: Call = REST
+    if where.protocol != "rest":
+        for protocol in PROTOCOLS:
+            if where.protocol in ("auto", protocol.NAME):
+                found = protocol.recognise(facts, where, policy)
+                if found is not None:
+                    call = found
+                    break
+    if call.journal and call.name is not None:
+        matched = match_rule(policy, facts.method, facts.path, call.name)
+        if matched is not None and matched[0].call is not None and not matched[0].journal:
+            call = call.passing("rule")
+    return call
+
+
+def match_rule(policy: HostPolicy, method: str, path: str, name: str | None) -> tuple[OperationRule, dict[str, str]] | None:
+    """The operation rule for a request, with its path parameters: the first naming this call, else the route's."""
+    route_match = None
+    for rule in policy.operations:
+        if rule.method != method or (rule.call is not None and (name is None or not fnmatchcase(name, rule.call))):
+            continue
+        m = rule.path_regex.match(path)
+        if m is None:
+            continue
+        if rule.call is not None:
+            return rule, m.groupdict()
+        if route_match is None:
+            route_match = rule, m.groupdict()
+    return route_match
+
+
+def read_headers(body: Any) -> dict[str, str]:
+    """The headers a reconcile read sent as a POST with this JSON body needs in its protocol (none for REST)."""
+    for protocol in PROTOCOLS:
+        headers = protocol.read_headers(body)
+        if headers is not None:
+            return headers
+    return {}
+
+
+def call_name(operation: str) -> str | None:
+    """The call's name in a receipt's operation name (`mcp tools/call create_ticket` -> `create_ticket`)."""
+    return next((operation.removeprefix(p) for p in _PREFIXES if operation.startswith(p)), None)
+
+
+def _route_rule(policy: HostPolicy, method: str, path: str) -> OperationRule | None:
+    for rule in policy.operations:
+        if rule.call is None and rule.method == method and rule.path_regex.match(path):
+            return rule
+    return None
