@@ -28,8 +28,8 @@ from proxy_addon.answers import Answer
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import check_schema, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
+from proxy_addon.facts import RequestFacts, split_query
 from proxy_addon.handler import JournalHandler
-from proxy_addon.intent import RequestFacts, split_query
 from proxy_addon.log import configure_logging, get_logger, scrub_standard_logging
 from proxy_addon.protocols.passthrough import Passthrough, mark_passing, recognised, route_of
 from proxy_addon.protocols.rest import REST

@@ -27,7 +27,7 @@ from mitmproxy import ctx, http
 
 from proxy_addon import answers, bodylimit
 from proxy_addon.answers import Answer
-from proxy_addon.intent import RequestFacts
+from proxy_addon.facts import RequestFacts
 from proxy_addon.log import get_logger
 from proxy_addon.sender import HOP_BY_HOP
 

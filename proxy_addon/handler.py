@@ -31,7 +31,8 @@ from proxy_addon.exceptions import (
     StaleStateError,
     SubmitNotRecordedError,
 )
-from proxy_addon.intent import RequestFacts, build_intent
+from proxy_addon.facts import RequestFacts
+from proxy_addon.intent import build_intent
 from proxy_addon.log import get_logger
 from proxy_addon.operations import OperationRule
 from proxy_addon.records import Intent, Verdict, new_operation_id

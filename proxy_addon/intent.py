@@ -5,45 +5,17 @@ account.py's; this module puts them together for one request.
 """
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import urlencode
 
 from proxy_addon.account import AccountHasher
 from proxy_addon.config import HostPolicy
+from proxy_addon.facts import RequestFacts
 from proxy_addon.fingerprint import analyse_body, identity_pairs, intent_fingerprint, redact_headers, redact_query
 from proxy_addon.operations import OperationRule
-from proxy_addon.protocols.base import Call
-from proxy_addon.protocols.rest import REST
 from proxy_addon.protocols.routing import match_rule
 from proxy_addon.records import Intent
 
 _ID_SEGMENT = re.compile(r"^(\d+|[0-9a-fA-F-]{16,}|[A-Za-z0-9_-]{24,})$")
-
-
-@dataclass(frozen=True)
-class RequestFacts:
-    """What the addon read off a request: decoded for identity (`headers`, `body`), raw for sending it on."""
-
-    method: str
-    scheme: str
-    host: str
-    port: int
-    path: str  # without the query
-    query: list[tuple[str, str]]
-    headers: list[tuple[str, str]]
-    content_type: str | None
-    body: bytes  # decoded (Content-Encoding undone)
-    url: str = ""
-    raw_headers: tuple[tuple[bytes, bytes], ...] = ()
-    raw_body: bytes = b""  # as the client sent it
-    client_gone: Callable[[], bool] = lambda: False  # whether the client has left (it no longer waits for an answer)
-    call: Call = REST  # how its protocol reads it (protocols/): identity, operation name, answers
-
-
-def split_query(raw_path: str) -> tuple[str, list[tuple[str, str]]]:
-    path, _, query = raw_path.partition("?")
-    return path or "/", parse_qsl(query, keep_blank_values=True)
 
 
 def operation_name(facts: RequestFacts, rule: OperationRule | None) -> str:

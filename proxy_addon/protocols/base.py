@@ -20,7 +20,7 @@ from mitmproxy.net import encoding
 
 from proxy_addon.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE, REPLAYED_HEADER, Answer
 from proxy_addon.fingerprint import BodyIdentity
-from proxy_addon.operations import OperationRule
+from proxy_addon.operations import OperationRule, ProtocolName
 from proxy_addon.records import Verdict
 from proxy_addon.sender import SendResult
 
@@ -139,3 +139,13 @@ def json_document(body: bytes) -> Any:
         return json.loads(body)
     except (ValueError, RecursionError):
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What the head of a request says: journaled (maybe), or passing through and why."""
+
+    journal: bool
+    passes: str | None = None  # method | host | model_api | rule
+    protocol: ProtocolName = "auto"
+    read_methods: tuple[str, ...] = ()

@@ -48,8 +48,8 @@ from proxy_addon.sender import SendResult
 from proxy_addon.states import State
 
 if TYPE_CHECKING:
-    from proxy_addon.intent import RequestFacts
-    from proxy_addon.protocols.routing import Route
+    from proxy_addon.facts import RequestFacts
+    from proxy_addon.protocols.base import Route
 
 NAME = "graphql"
 OPERATION_PREFIX = "graphql "

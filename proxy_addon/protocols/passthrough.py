@@ -15,11 +15,11 @@ from dataclasses import replace
 from mitmproxy import http
 
 from proxy_addon.config import ReceiptsConfig
+from proxy_addon.facts import RequestFacts
 from proxy_addon.handler import JournalState
-from proxy_addon.intent import RequestFacts
 from proxy_addon.log import get_logger
 from proxy_addon.protocols import routing
-from proxy_addon.protocols.routing import Route
+from proxy_addon.protocols.base import Route
 
 log = get_logger("receipts.proxy")
 

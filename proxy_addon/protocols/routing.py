@@ -13,18 +13,17 @@ Rules: the route's rule is the first whose method and path template match and th
 protocol call's rule is the first that names it (a glob), else the route's. Pure; no mitmproxy.
 """
 
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy_addon.config import HostPolicy, ReceiptsConfig
-from proxy_addon.operations import OperationRule, ProtocolName
+from proxy_addon.operations import OperationRule
 from proxy_addon.protocols import graphql, jsonrpc
-from proxy_addon.protocols.base import Call
+from proxy_addon.protocols.base import Call, Route
 from proxy_addon.protocols.rest import REST
 
 if TYPE_CHECKING:
-    from proxy_addon.intent import RequestFacts
+    from proxy_addon.facts import RequestFacts
 
 
 class ProtocolModule(Protocol):
@@ -39,16 +38,6 @@ class ProtocolModule(Protocol):
 PROTOCOLS: tuple[ProtocolModule, ...] = (graphql, jsonrpc)  # the modules, asked in this order
 # operation-name prefixes -> the call's name, for rules matched again later (the reconciler)
 _PREFIXES = (jsonrpc.MCP_OPERATION_PREFIX, graphql.OPERATION_PREFIX, jsonrpc.OPERATION_PREFIX)
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """What the head of a request says: journaled (maybe), or passing through and why."""
-
-    journal: bool
-    passes: str | None = None  # method | host | model_api | rule
-    protocol: ProtocolName = "auto"
-    read_methods: tuple[str, ...] = ()
 
 
 def route(config: ReceiptsConfig, method: str, host: str, port: int, path: str) -> Route:

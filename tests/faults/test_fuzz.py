@@ -32,8 +32,9 @@ from faults.invariants import SUMMARY, ScenarioRow
 from proxy_addon.account import AccountHasher
 from proxy_addon.config import DEFAULT_REDACT_FIELDS, ReceiptsConfig, parse_config
 from proxy_addon.exceptions import ConfigError
+from proxy_addon.facts import RequestFacts
 from proxy_addon.fingerprint import REDACTED, analyse_body, intent_fingerprint
-from proxy_addon.intent import RequestFacts, build_intent
+from proxy_addon.intent import build_intent
 from proxy_addon.states import State
 from proxy_addon.store.receipts import receipts, transitions
 

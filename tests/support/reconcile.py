@@ -22,7 +22,8 @@ from sqlalchemy import text
 from proxy_addon.account import AccountHasher, load_or_create_key
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import make_engine
-from proxy_addon.intent import RequestFacts, build_intent, split_query
+from proxy_addon.facts import RequestFacts, split_query
+from proxy_addon.intent import build_intent
 from proxy_addon.reconcile.worker import PassReport, Reconciler
 from proxy_addon.records import TransitionRecord, new_operation_id
 from proxy_addon.states import State

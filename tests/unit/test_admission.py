@@ -11,7 +11,7 @@ from mitmproxy.test import tutils
 
 from proxy_addon import bodylimit
 from proxy_addon.admission import OwnAddresses, bad_request
-from proxy_addon.intent import RequestFacts, split_query
+from proxy_addon.facts import RequestFacts, split_query
 from proxy_addon.log import scrub_standard_logging
 
 

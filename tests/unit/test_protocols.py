@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from proxy_addon import answers
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError, UnreadableRule
+from proxy_addon.facts import RequestFacts
 from proxy_addon.fingerprint import analyse_body, intent_fingerprint
-from proxy_addon.intent import RequestFacts
 from proxy_addon.protocols import graphql, jsonrpc, routing, sse
 from proxy_addon.protocols.base import Call
 from proxy_addon.protocols.hosts import find_host_entry, is_model_api

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from proxy_addon import redaction
 from proxy_addon.account import ANONYMOUS, AccountHasher
 from proxy_addon.config import parse_config
+from proxy_addon.facts import RequestFacts
 from proxy_addon.fingerprint import analyse_body, canonical_json, intent_fingerprint
-from proxy_addon.intent import RequestFacts, build_intent
+from proxy_addon.intent import build_intent
 from proxy_addon.redaction import REDACTED, SecretFields, SecretHeaders
 
 HASHER = AccountHasher(b"k" * 32)
