@@ -1,7 +1,9 @@
 """The account an intent belongs to: a keyed hash of the request's credentials, never the credentials.
 
-Two agents with different API keys may send the same body; they are different intents. The HMAC key comes
-from `RECEIPTS_SECRET` (give every replica the same one) or from a local file created with mode 0600.
+Two agents with different API keys may send the same body; they are different intents. Every secret header
+but the rotating ones counts (redaction.py says which). The same key gives a secret field's value its part in
+the intent's identity (`digest`, used by fingerprint.py). The HMAC key comes from `RECEIPTS_SECRET` (give
+every replica the same one) or from a local file created with mode 0600.
 """
 
 import hashlib
@@ -10,6 +12,7 @@ import os
 from pathlib import Path
 
 from proxy_addon.exceptions import ConfigError
+from proxy_addon.redaction import counts_for_account
 
 SECRET_ENV = "RECEIPTS_SECRET"
 ANONYMOUS = "anonymous"
@@ -54,12 +57,17 @@ class AccountHasher:
     def __init__(self, key: bytes):
         self._key = key
 
-    def account_of(self, headers: list[tuple[str, str]], credential_headers: frozenset[str]) -> str:
-        """`acct:<hex>` over the credential headers present (sorted), or `anonymous` when there are none."""
-        creds = sorted((n.lower(), v) for n, v in headers if n.lower() in credential_headers and n.lower() != "proxy-authorization")
+    def account_of(self, headers: list[tuple[str, str]], secret_headers: frozenset[str] = frozenset()) -> str:
+        """`acct:<hex>` over the credential headers present (sorted), or `anonymous` when there are none.
+        `secret_headers`: the configured `redact_headers`, added to the built-in ones."""
+        creds = sorted((n.lower(), v) for n, v in headers if counts_for_account(n, secret_headers))
         if not creds:
             return ANONYMOUS
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
         for name, value in creds:
             mac.update(name.encode() + b"\0" + value.encode("utf-8", "surrogateescape") + b"\0")
         return "acct:" + mac.hexdigest()[:40]
+
+    def digest(self, value: bytes) -> str:
+        """A secret's value as it counts for an intent's identity: keyed, so it cannot be guessed offline."""
+        return "hmac:" + hmac.new(self._key, b"receipts-secret-value\0" + value, hashlib.sha256).hexdigest()

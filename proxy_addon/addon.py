@@ -5,8 +5,9 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
 (handler.py); `Passthrough` (streams what is not journaled: protocols/passthrough.py), `StreamLargeBodies`
-(mitmproxy's option, for pass-through bodies only), `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run
-beside it, each its own concern.
+(mitmproxy's option, for pass-through bodies only), `Admission` (requests to the proxy itself, bodies over
+proxy.max_body: admission.py), `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run beside it, each its own
+concern.
 """
 
 import os
@@ -20,7 +21,7 @@ if __package__ in (None, "") and "proxy_addon" not in sys.modules:  # loaded by 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.connection import ConnectionState
 
-from proxy_addon import answers
+from proxy_addon import admission, answers, bodylimit
 from proxy_addon.account import AccountHasher, load_or_create_key
 from proxy_addon.admin.server import InProxyAdmin
 from proxy_addon.answers import Answer
@@ -29,7 +30,7 @@ from proxy_addon.db import check_schema, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
 from proxy_addon.facts import RequestFacts, split_query
 from proxy_addon.handler import JournalHandler
-from proxy_addon.log import configure_logging, get_logger
+from proxy_addon.log import configure_logging, get_logger, scrub_standard_logging
 from proxy_addon.protocols.passthrough import Passthrough, mark_passing, recognised, route_of
 from proxy_addon.protocols.rest import REST
 from proxy_addon.reconcile.worker import InProxyReconciler
@@ -57,6 +58,7 @@ class Receipts:
         self._failure: str | None = None
 
     def load(self, loader: Any) -> None:
+        scrub_standard_logging()  # mitmproxy's own lines too (a bad request line quotes the URL's userinfo)
         loader.add_option("receipts_config", str, "config.yaml", "Path of the receipts configuration file (YAML).")
         loader.add_option(
             "receipts_database_url",
@@ -127,9 +129,18 @@ class Receipts:
         if flow.response or flow.error or not flow.live or not self.journals(flow):
             return
         assert self.handler is not None and self.config is not None
+        max_body = self.config.proxy.max_body
+        facts = request_facts(flow, max_body)
+        refused = admission.refusal(flow, facts, max_body)  # over max_body, or bad in itself: before its protocol is read
+        if refused is not None:
+            answer, reason = refused
+            log.info("request_refused", reason=reason, method=facts.method, host=facts.host)
+            flow.response = to_response(answer, flow)
+            flow.metadata[METADATA_KEY] = {"refused": reason}
+            return
         call = REST
         try:
-            facts = await recognised(request_facts(flow), self.config)  # read or write, in its protocol
+            facts = await recognised(facts, self.config)  # read or write, in its protocol
             call = facts.call
             if not call.journal:
                 mark_passing(flow, call.passes or call.protocol)
@@ -148,9 +159,10 @@ class Receipts:
             flow.response = to_response(outcome.answer, flow)
 
 
-def request_facts(flow: http.HTTPFlow) -> RequestFacts:
+def request_facts(flow: http.HTTPFlow, max_body: int = bodylimit.NO_LIMIT) -> RequestFacts:
     req = flow.request
     path, query = split_query(req.path)
+    body, _decoded = bodylimit.decoded_body(req, max_body)  # a Content-Encoding undone, up to max_body
     return RequestFacts(
         method=req.method.upper(),
         scheme=req.scheme,
@@ -160,7 +172,7 @@ def request_facts(flow: http.HTTPFlow) -> RequestFacts:
         query=query,
         headers=list(req.headers.items(multi=True)),
         content_type=req.headers.get("content-type"),
-        body=req.get_content(strict=False) or b"",
+        body=body,
         url=req.url,
         raw_headers=tuple(req.headers.fields),
         raw_body=req.raw_content or b"",
@@ -197,13 +209,15 @@ def _sender() -> UpstreamSender:
 def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
+    admin = InProxyAdmin(journal)
     return [
         journal,
+        admission.Admission(journal, admin, to_response),  # before Passthrough: what it refuses is never streamed
         Passthrough(journal),
         StreamLargeBodies(journal),
         Heartbeat(journal),
         InProxyReconciler(journal),
-        InProxyAdmin(journal),
+        admin,
     ]
 
 

@@ -140,3 +140,36 @@ def journal_unavailable(reason: str) -> Answer:
         "Receipt journal unavailable",
         f"The receipt could not be written ({reason}); the request was not forwarded. Retrying later is safe.",
     )
+
+
+# -- requests the proxy refuses before journaling them (admission.py) -----------------------------------------
+
+
+def bad_request(reason: str) -> Answer:
+    return problem(
+        400,
+        "bad-request",
+        "Request cannot be journaled",
+        f"{reason}. Nothing was journaled or forwarded; correct the request before sending it again.",
+    )
+
+
+def body_too_large(limit: int, size: int | None = None) -> Answer:
+    told = f"of {size} bytes " if size is not None else ""
+    return problem(
+        413,
+        "body-too-large",
+        "Request body too large",
+        f"The request body {told}is over the proxy's limit of {limit} bytes (proxy.max_body); it was not journaled "
+        "or forwarded.",
+        max_body=limit,
+    )
+
+
+def forbidden_destination(what: str) -> Answer:
+    return problem(
+        403,
+        "forbidden-destination",
+        "Destination refused",
+        f"The request is addressed to {what}; the proxy does not forward requests to itself. Nothing was forwarded.",
+    )

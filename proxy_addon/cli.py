@@ -32,6 +32,7 @@ from proxy_addon.documents import (
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
 from proxy_addon.journaled import netloc, reconcile_reads, request_view, response_view
 from proxy_addon.records import ReceiptRecord
+from proxy_addon.redaction import SecretFields, SecretHeaders
 from proxy_addon.review import resolve
 from proxy_addon.states import RESOLUTION_STATES
 from proxy_addon.store import ReceiptStore
@@ -233,16 +234,39 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_scrub(args: argparse.Namespace) -> int:
+    config = _config(args)
+    store = _store(args, config)
+
+    def rules(host: str, port: int) -> tuple[SecretHeaders, SecretFields]:
+        policy = config.policy_for(host, port)
+        return policy.redact_headers, policy.redact_fields
+
+    counts = store.scrub.run(rules, dry_run=args.dry_run)
+    if args.vacuum and not args.dry_run:
+        store.scrub.vacuum()
+    if args.json:
+        print_json({**dataclasses.asdict(counts), "dry_run": args.dry_run})
+    else:
+        verb = "would change" if args.dry_run else "changed"
+        print(
+            f"{verb} {counts.receipts_changed} of {counts.receipts_read} receipts and "
+            f"{counts.transitions_changed} of {counts.transitions_read} history rows"
+        )
+    return EXIT_OK
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     from proxy_addon.admin.server import AdminServer
 
     config = _config(args)
     store = _store(args, config)
-    settings = admin_settings(config, listen_host=args.listen_host, listen_port=args.listen_port)
+    settings = admin_settings(config, listen_host=args.listen_host, listen_port=args.listen_port, enabled=True)
     server = AdminServer(config, store, settings=settings)
     try:
         server.start()
     except OSError as e:
+        store.engine.dispose()
         raise ReceiptsError(f"cannot listen on {settings.listen_host}:{settings.listen_port}: {e.strerror or e}") from e
     print(f"receipts admin on {server.url} (Ctrl-C stops it)", flush=True)
     stop = threading.Event()
@@ -345,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("admin", cmd_admin, "serve the admin API, review page and /metrics (the config's admin section)")
     p.add_argument("--listen-host", default=None, help="default admin.listen_host (127.0.0.1)")
     p.add_argument("--listen-port", type=int, default=None, help="default admin.listen_port (8081)")
+
+    p = command("scrub", cmd_scrub, "redact secrets that earlier versions stored, with today's rules")
+    p.add_argument("--dry-run", action="store_true", help="count what would change, change nothing")
+    p.add_argument("--vacuum", action="store_true", help="then rewrite the database files (VACUUM), so no old byte stays on disk")
+    p.add_argument("--json", action="store_true")
 
     p = command("stats", cmd_stats, "counts per state and host, oldest open receipt's age")
     p.add_argument("--json", action="store_true")

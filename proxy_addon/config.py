@@ -17,19 +17,13 @@ from proxy_addon.db import DEFAULT_DATABASE_URL, anchor_sqlite_url
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.operations import MUTATING_METHODS, OperationRule, ProtocolName, method_token
 from proxy_addon.protocols.hosts import check_host_key, find_host_entry, is_model_api
+from proxy_addon.redaction import SECRET_HEADER_NAMES, SecretFields, SecretHeaders
 from proxy_addon.units import Duration, PositiveDuration, Size, StrictModel
 
-BUILTIN_SECRET_HEADERS = (
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "set-cookie",
-    "x-api-key",
-    "api-key",
-    "x-auth-token",
-    "x-amz-security-token",
-)
+# The secret headers named outright; redaction.py adds every name containing auth, token, key, ...
+BUILTIN_SECRET_HEADERS = SECRET_HEADER_NAMES
 DEFAULT_REDACT_FIELDS = ("password", "token", "secret", "api_key")
+MIN_ADMIN_TOKEN_LENGTH = 16
 
 
 class AfterSuccess(StrictModel):
@@ -89,6 +83,7 @@ class DatabaseSettings(StrictModel):
 class ProxySettings(StrictModel):
     methods: list[str] = Field(default_factory=lambda: list(MUTATING_METHODS))
     fail_open: bool = False
+    max_body: Size = 32 * 1024 * 1024  # a journaled body longer than this: 413, nothing forwarded
     max_stored_body: Size = 65536
     max_stored_response: Size = 65536
     heartbeat_interval: Duration = 5.0
@@ -123,8 +118,9 @@ class AdminSettings(StrictModel):
 
     @property
     def token(self) -> str | None:
-        """Read from the environment variable `token_env`; never kept in the config file."""
-        return os.environ.get(self.token_env) or None
+        """Read from the environment variable `token_env` (surrounding whitespace aside); never kept in the
+        config file."""
+        return (os.environ.get(self.token_env) or "").strip() or None
 
     @property
     def loopback(self) -> bool:
@@ -141,6 +137,12 @@ class AdminSettings(StrictModel):
             raise ValueError(
                 f"listen_host {self.listen_host} is not a loopback address, so a token is required: "
                 f"set {self.token_env} (or listen on 127.0.0.1)"
+            )
+        token = os.environ.get(self.token_env)
+        if self.enabled and token is not None and token != "" and len(token.strip()) < MIN_ADMIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"{self.token_env} is too short ({len(token.strip())} characters, whitespace aside): "
+                f"use at least {MIN_ADMIN_TOKEN_LENGTH}, e.g. $(openssl rand -hex 16)"
             )
         return self
 
@@ -160,8 +162,8 @@ class HostPolicy:
     unknown_statuses: frozenset[int]
     after_success: AfterSuccess
     in_flight: InFlight
-    redact_headers: frozenset[str]
-    redact_fields: frozenset[str]
+    redact_headers: SecretHeaders  # the configured ones; `name in` applies redaction.py's whole rule
+    redact_fields: SecretFields
     inject_idempotency_key: bool
     idempotency_key_header: str
     operations: tuple[OperationRule, ...]
@@ -230,8 +232,8 @@ class ReceiptsConfig(StrictModel):
             unknown_statuses=frozenset(pick("unknown_statuses")),
             after_success=pick("after_success"),
             in_flight=pick("in_flight"),
-            redact_headers=frozenset(h.lower() for h in [*BUILTIN_SECRET_HEADERS, *d.redact_headers, *(entry.redact_headers or [])]),
-            redact_fields=frozenset(f.lower() for f in [*d.redact_fields, *(entry.redact_fields or [])]),
+            redact_headers=SecretHeaders(h.lower() for h in [*d.redact_headers, *(entry.redact_headers or [])]),
+            redact_fields=SecretFields(f.lower() for f in [*d.redact_fields, *(entry.redact_fields or [])]),
             inject_idempotency_key=pick("inject_idempotency_key"),
             idempotency_key_header=pick("idempotency_key_header"),
             operations=tuple(entry.operations),

@@ -1,6 +1,6 @@
 """From a request to an intent: what the proxy read off the request, and the Intent it journals for it.
 
-Pure: no network, no database. The fingerprint and the redaction rules are fingerprint.py's; the account is
+Pure: no network, no database. The fingerprint is fingerprint.py's, what is secret redaction.py's, the account
 account.py's; this module puts them together for one request.
 """
 
@@ -10,14 +10,12 @@ from urllib.parse import urlencode
 from proxy_addon.account import AccountHasher
 from proxy_addon.config import HostPolicy
 from proxy_addon.facts import RequestFacts
-from proxy_addon.fingerprint import analyse_body, intent_fingerprint, redact_headers, redact_query
+from proxy_addon.fingerprint import analyse_body, identity_pairs, intent_fingerprint, redact_headers, redact_query
 from proxy_addon.operations import OperationRule
 from proxy_addon.protocols.routing import match_rule
 from proxy_addon.records import Intent
 
 _ID_SEGMENT = re.compile(r"^(\d+|[0-9a-fA-F-]{16,}|[A-Za-z0-9_-]{24,})$")
-# Credentials that name an account; session cookies rotate too often to identify one.
-_NOT_ACCOUNT_HEADERS = frozenset({"cookie", "set-cookie", "proxy-authorization"})
 
 
 def operation_name(facts: RequestFacts, rule: OperationRule | None) -> str:
@@ -40,11 +38,14 @@ def build_intent(
     """The intent to journal for this request (fingerprint, account, redacted copy) and the rule it matched."""
     matched = match_rule(policy, facts.method, facts.path, facts.call.name)  # a rule may name the protocol's call
     rule = matched[0] if matched else None
-    body = analyse_body(facts.content_type, facts.body, policy.redact_fields, rule.fingerprint if rule else None)
+    body = analyse_body(facts.content_type, facts.body, policy.redact_fields, rule.fingerprint if rule else None, hasher.digest)
     body = facts.call.identity(body, rule)  # GraphQL, MCP: the protocol's identity of the write
     query = redact_query(facts.query, policy.redact_fields)
-    fingerprint = intent_fingerprint(facts.method, facts.host, facts.port, facts.path, query, body)
-    account = hasher.account_of(facts.headers, policy.redact_headers - _NOT_ACCOUNT_HEADERS)
+    identity_query = identity_pairs(facts.query, policy.redact_fields, hasher.digest)
+    fingerprint = intent_fingerprint(facts.method, facts.host, facts.port, facts.path, identity_query, body)
+    # the host's idempotency key header is the agent's key for one write, never its credential
+    key_header = policy.idempotency_key_header.lower()
+    account = hasher.account_of([(n, v) for n, v in facts.headers if n.lower() != key_header], policy.redact_headers)
     stored = body.stored
     intent = Intent(
         operation_id=operation_id,

@@ -1,12 +1,48 @@
-"""structlog, configured once at the entry point: JSON lines in production, a readable console on a TTY."""
+"""structlog, configured once at the entry point: JSON lines in production, a readable console on a TTY.
+
+No secret reaches the log (redaction.py says what one is): every structlog line's text values go through
+`redaction.scrub_text`, and so does every record of Python's logging, mitmproxy's own lines included (its
+"Bad HTTP request line: b'GET http://user:password@host/?access_token=...'" among them), through a record
+factory installed once (`scrub_standard_logging`).
+"""
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
 
+from proxy_addon.redaction import scrub_text
+
 _configured = False
+_scrubbing = False
+
+
+def _scrub_event(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    return {k: scrub_text(v) if isinstance(v, str) else v for k, v in event.items()}
+
+
+def scrub_standard_logging() -> None:
+    """Make every record of Python's logging carry its message scrubbed (idempotent; wraps the factory in place)."""
+    global _scrubbing
+    if _scrubbing:
+        return
+    previous = logging.getLogRecordFactory()
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = previous(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken format is logging's to report, not ours
+            return record
+        scrubbed = scrub_text(message)
+        if scrubbed != message:
+            record.msg, record.args = scrubbed, ()
+        return record
+
+    logging.setLogRecordFactory(factory)
+    _scrubbing = True
 
 
 def configure_logging(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
@@ -21,6 +57,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: Any = None
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _scrub_event,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
@@ -28,6 +65,7 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: Any = None
         cache_logger_on_first_use=True,
     )
     _configured = True
+    scrub_standard_logging()
 
 
 def get_logger(name: str) -> Any:

@@ -9,6 +9,7 @@ from proxy_addon.config import HostPolicy
 from proxy_addon.fingerprint import redact_document, redact_header_list
 from proxy_addon.operations import OperationRule
 from proxy_addon.records import Verdict
+from proxy_addon.redaction import error_text
 from proxy_addon.sender import SendEnd, SendResult
 from proxy_addon.states import State
 from proxy_addon.units import compile_jsonpath
@@ -26,10 +27,11 @@ def classify_outcome(result: SendResult, policy: HostPolicy, rule: OperationRule
     """2xx and 303 succeeded; the host's unknown statuses, timeouts and resets outcome_unknown; never-sent and
     every other status rejected. An answer that came before the upstream had read the whole request (an early
     413 or 401, then a reset) is an answer like any other: the sender read it."""
+    error = error_text(result.error)  # the one place the sender's error becomes the receipt's: no data it quotes
     if result.end == SendEnd.NOT_SENT:
-        return _verdict(State.REJECTED, error_code="not_sent", error_message=result.error)
+        return _verdict(State.REJECTED, error_code="not_sent", error_message=error)
     if result.end != SendEnd.ANSWERED or result.answer is None:
-        return _verdict(State.OUTCOME_UNKNOWN, error_code=result.end.value, error_message=result.error)
+        return _verdict(State.OUTCOME_UNKNOWN, error_code=result.end.value, error_message=error)
     status = result.answer.status_code
     if status in policy.unknown_statuses:
         message = f"upstream answered {status}, which may follow a committed write"

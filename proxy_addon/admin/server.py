@@ -2,6 +2,7 @@
 proxy (`admin.enabled`, the InProxyAdmin addon)."""
 
 import asyncio
+import socket
 import threading
 from typing import Any
 
@@ -34,9 +35,17 @@ class AdminServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> "AdminServer":
-        self._server = make_server(
-            self.settings.listen_host, self.settings.listen_port, self.app, threaded=True, request_handler=_RequestHandler
-        )
+        """Listen and serve; a port that cannot be had raises OSError (werkzeug, left to bind it, would print
+        three lines and exit the process)."""
+        host, port = self.settings.listen_host, self.settings.listen_port
+        family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0]
+        listening = socket.create_server(address[:2], family=family)
+        try:
+            self._server = make_server(
+                host, port, self.app, threaded=True, request_handler=_RequestHandler, fd=listening.fileno()
+            )
+        finally:
+            listening.close()  # werkzeug holds its own duplicate of the descriptor
         server = self._server
         self._thread = threading.Thread(
             target=lambda: server.serve_forever(poll_interval=0.1), name="receipts-admin", daemon=True
@@ -47,7 +56,7 @@ class AdminServer:
     @property
     def port(self) -> int:
         assert self._server is not None, "not started"
-        return self._server.server_port
+        return int(self._server.socket.getsockname()[1])
 
     @property
     def url(self) -> str:
@@ -66,7 +75,7 @@ class AdminServer:
 
 class InProxyAdmin:
     """Addon: the admin server inside the proxy, when `admin.enabled` is true. A port that cannot be had is
-    logged and the proxy goes on without its admin server."""
+    logged (one line) and the proxy goes on without its admin server."""
 
     def __init__(self, journal: JournalState):
         self.journal = journal
@@ -80,7 +89,8 @@ class InProxyAdmin:
         try:
             await asyncio.to_thread(server.start)
         except OSError as e:
-            log.error("admin_not_started", listen=f"{server.settings.listen_host}:{server.settings.listen_port}", error=str(e))
+            listen = f"{server.settings.listen_host}:{server.settings.listen_port}"
+            log.error("admin_not_started", listen=listen, error=e.strerror or str(e), note="the proxy goes on without it")
             return
         self.server = server
         log.info("admin_started", url=server.url, token_required=server.settings.token is not None)

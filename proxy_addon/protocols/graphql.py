@@ -6,7 +6,8 @@ or the only one) decides: `query` and `subscription` pass through, `mutation` is
 identity is the document printed in canonical form (layout and comments do not matter, nor the order of what
 GraphQL leaves unordered: arguments, input fields, variable definitions), the selected operation's name and
 the redacted `variables`; its name is `graphql <operation name, or its first field>`. Argument literals
-written into the document under a secret name are redacted like body fields. A body that does not parse is
+written into the document under a secret name are redacted like body fields, and count for the identity like
+them, through a keyed digest of the document that holds them. A body that does not parse is
 journaled as a plain body (REST). A batch (a JSON array of operations) passes when every one is a read and is
 journaled as a plain body otherwise.
 
@@ -18,7 +19,7 @@ mutation did not happen, and a retry goes upstream. With data, it is `succeeded`
 """
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from graphql import GraphQLError, parse, print_ast
@@ -37,11 +38,12 @@ from graphql.language import (
 from proxy_addon import answers
 from proxy_addon.answers import Answer
 from proxy_addon.config import HostPolicy
-from proxy_addon.fingerprint import REDACTED, BodyIdentity, canonical_json
+from proxy_addon.fingerprint import REDACTED, BodyIdentity, canonical_json, process_keyed
 from proxy_addon.operations import OperationRule
 from proxy_addon.protocols.base import Call, decoded_body, json_document, problem_of, receipt_headers
 from proxy_addon.protocols.rest import REST
 from proxy_addon.records import Verdict
+from proxy_addon.redaction import is_secret_field
 from proxy_addon.sender import SendResult
 from proxy_addon.states import State
 
@@ -63,12 +65,17 @@ class GraphQLCall(Call):
     document: str = ""  # canonical, secret literals redacted
     operation_name: str | None = None
     redacted_query: str | None = None  # the document as stored, when a literal was redacted
+    # the canonical document with its secret literals, when it has some: never stored nor shown, only its keyed
+    # digest counts for the identity (the same mutation with another password is another intent)
+    secret_document: str | None = field(default=None, repr=False)
     graphql_response: bool = False  # the client accepts application/graphql-response+json
 
     def identity(self, body: BodyIdentity, rule: OperationRule | None) -> BodyIdentity:
         if (rule is not None and rule.fingerprint is not None) or body.kind != "json" or not isinstance(body.identity, dict):
             return body  # the rule's allowlist stays in charge; a body that is not JSON is identified by its bytes
         identity = {"document": self.document, "operationName": self.operation_name, "variables": body.identity.get("variables")}
+        if self.secret_document is not None:
+            identity["literals"] = (body.keyed or process_keyed)(self.secret_document.encode())
         stored = body.stored
         if self.redacted_query is not None and isinstance(body.document, dict):
             stored = canonical_json({**body.document, "query": self.redacted_query}).encode()
@@ -141,6 +148,7 @@ def _read(request: dict[str, Any], facts: "RequestFacts", policy: HostPolicy) ->
         document=print_ast(visit(redacted, _Canonical())),
         operation_name=operation.name.value if operation.name else None,  # as selected: given or implied, the same
         redacted_query=print_ast(redacted) if redacted is not ast else None,
+        secret_document=print_ast(visit(ast, _Canonical())) if redacted is not ast else None,
         graphql_response=RESPONSE_CONTENT_TYPE in accept.lower(),
     )
 
@@ -198,7 +206,7 @@ class _RedactLiterals(Visitor):
         self.changed = False
 
     def _redacted(self, node: ArgumentNode | ObjectFieldNode) -> Any:
-        if node.name.value.lower() in self.redact_fields and node.value.kind != "variable":
+        if is_secret_field(node.name.value, self.redact_fields) and node.value.kind != "variable":
             self.changed = True
             return copy_node(node, value=StringValueNode(value=REDACTED))
         return None

@@ -26,6 +26,7 @@ from proxy_addon.reconcile.rules import (
     request_document,
 )
 from proxy_addon.records import ReceiptRecord
+from proxy_addon.redaction import error_text, redact_url
 from proxy_addon.sender import HOP_BY_HOP
 from proxy_addon.units import compile_jsonpath
 
@@ -45,11 +46,11 @@ class Reader:
         """One request; the evidence records it under `what` (its status, or the error, and how long it took)."""
         await self.limiter.wait(host)
         started = time.monotonic()
-        evidence: dict[str, Any] = {what: {"method": method, "url": url}}
+        evidence: dict[str, Any] = {what: {"method": method, "url": redact_url(url)}}
         try:
             response = await self.client.request(method, url, **kwargs)
         except Exception as e:  # noqa: BLE001 - httpx.HTTPError, and InvalidURL or anyio's groups, which are not HTTPErrors
-            evidence[what].update(error=f"{type(e).__name__}: {e}"[:300], elapsed_ms=_ms(started))
+            evidence[what].update(error=error_text(f"{type(e).__name__}: {e}")[:300], elapsed_ms=_ms(started))
             return None, evidence
         evidence[what].update(status=response.status_code, elapsed_ms=_ms(started))
         return response, evidence

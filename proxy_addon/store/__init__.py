@@ -5,7 +5,8 @@
 - `instances`: proxy instances and the recovery of dead ones' receipts;
 - `queue`: the reconcile queue (leases);
 - `refusals`: refused and replayed duplicates;
-- `retention`: counts and pruning.
+- `retention`: counts and pruning;
+- `scrub`: rows from earlier versions redacted again with today's rules (`receipts scrub`).
 """
 
 from sqlalchemy import Engine
@@ -16,6 +17,7 @@ from proxy_addon.store.queue import ReconcileQueue
 from proxy_addon.store.receipts import Receipts
 from proxy_addon.store.refusals import Refusals
 from proxy_addon.store.retention import Retention
+from proxy_addon.store.scrub import Scrubber
 
 
 class ReceiptStore:
@@ -27,6 +29,7 @@ class ReceiptStore:
         self.queue = ReconcileQueue(self.db, self.receipts)
         self.refusals = Refusals(self.db)
         self.retention = Retention(self.db)
+        self.scrub = Scrubber(self.db)
 
     def close(self) -> None:
         """Stop the group committer, if any (the engine is the caller's to dispose)."""

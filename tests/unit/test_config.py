@@ -207,9 +207,13 @@ def test_policy_for_merges_defaults_and_host(host, port, timeout, statuses, poli
 def test_policy_redaction_adds_to_builtins_and_is_cached():
     cfg = parse_config(POLICY)
     p = cfg.policy_for("api.example.com", 443)
-    assert p.redact_headers == frozenset([*BUILTIN_SECRET_HEADERS, "x-default-token", "x-host-token"])
+    assert p.redact_headers == {"x-default-token", "x-host-token"}  # the configured ones ...
+    assert all(h in p.redact_headers for h in [*BUILTIN_SECRET_HEADERS, "X-Default-Token", "X-Host-Token", "x-goog-api-key"])
+    assert "content-type" not in p.redact_headers  # ... and `in` applies the built-in rules besides
     assert p.redact_fields == {"password", "ssn"}
+    assert "SSN" in p.redact_fields and "client_secret" in p.redact_fields and "title" not in p.redact_fields
     assert cfg.policy_for("unknown.example.com", 1).redact_fields == {"password"}
+    assert "ssn" not in cfg.policy_for("unknown.example.com", 1).redact_fields
     assert cfg.policy_for("API.example.com", 443) is p
 
 

@@ -105,12 +105,28 @@ def multipart(boundary: str, parts: list[tuple[bytes, bytes]]) -> tuple[str, byt
 
 def test_multipart_ignores_the_boundary_and_redacts_secret_parts():
     a = multipart("AAAA", [(b"title", b"hi"), (b"file", b"\x89PNG..."), (b"password", b"hunter2")])
-    b = multipart("zz-other-123", [(b"password", b"other"), (b"title", b"hi"), (b"file", b"\x89PNG...")])
+    b = multipart("zz-other-123", [(b"password", b"hunter2"), (b"title", b"hi"), (b"file", b"\x89PNG...")])
     c = multipart("AAAA", [(b"title", b"hi"), (b"file", b"\x89PNG!!!"), (b"password", b"hunter2")])
+    d = multipart("AAAA", [(b"title", b"hi"), (b"file", b"\x89PNG..."), (b"password", b"other")])
     assert a[1] != b[1] and fingerprint(a[1], a[0]) == fingerprint(b[1], b[0])
     assert fingerprint(a[1], a[0]) != fingerprint(c[1], c[0])
+    assert fingerprint(a[1], a[0]) != fingerprint(d[1], d[0])  # another password is another intent
     body = analyse_body(a[0], a[1], RF)
-    assert body.kind == "multipart" and b"hunter2" not in body.stored and ["password", REDACTED] in body.identity
+    assert body.kind == "multipart" and b"hunter2" not in body.stored
+    assert ["password", REDACTED] in json.loads(body.stored)["multipart"]
+
+
+def test_multipart_parts_are_identified_by_a_keyed_hmac_not_an_unsalted_digest():
+    """An unsalted SHA-256 of a part is a brute-force away from a card number or a PIN; a keyed one is not."""
+    ct, raw = multipart("AAAA", [(b"card", b"4111111111111111"), (b"pin", b"1234")])
+    body = analyse_body(ct, raw, RF)
+    text = body.stored.decode() + canonical_json(body.identity)
+    for value in (b"4111111111111111", b"1234"):
+        assert hashlib.sha256(value).hexdigest() not in text
+        assert value.decode() not in body.stored.decode()
+    key_a = analyse_body(ct, raw, RF, keyed=AccountHasher(b"a" * 32).digest)
+    key_b = analyse_body(ct, raw, RF, keyed=AccountHasher(b"b" * 32).digest)
+    assert key_a.identity != key_b.identity  # it depends on the key
 
 
 SECRET = "hunter2-s3cr3t"
@@ -134,12 +150,13 @@ def test_secret_fields_are_redacted_at_any_depth(document, where):
         stored = stored[key]
     assert stored == REDACTED
     changed = raw.replace(SECRET.encode(), b"another-secret")
-    assert fingerprint(raw) == fingerprint(changed)  # redacted before it is hashed
+    assert fingerprint(raw) != fingerprint(changed)  # the secret counts for identity, through a keyed HMAC
+    assert fingerprint(raw) == fingerprint(json.dumps(document, indent=2).encode())
 
 
 def test_configured_redact_fields_and_forms():
-    body = analyse_body(JSON, json.dumps({"ssn": SECRET, "password": "kept"}).encode(), frozenset({"ssn"}))
-    assert json.loads(body.stored) == {"ssn": REDACTED, "password": "kept"}
+    body = analyse_body(JSON, json.dumps({"ssn": SECRET, "password": SECRET, "title": "kept"}).encode(), frozenset({"ssn"}))
+    assert json.loads(body.stored) == {"ssn": REDACTED, "password": REDACTED, "title": "kept"}  # built-in names too
     form = analyse_body(FORM, f"a=1&Password={SECRET}".encode(), RF)
     assert parse_qsl(form.stored.decode()) == [("a", "1"), ("Password", REDACTED)]
     assert SECRET not in form.stored.decode() and SECRET not in repr(form.identity)
@@ -156,7 +173,8 @@ def test_configured_redact_fields_and_forms():
 def test_unparsable_structured_body_is_bytes_with_a_note_and_stored_redacted(ct, body):
     got = analyse_body(ct, body, RF)
     assert got.kind == "bytes" and got.note and "fingerprinted as bytes" in got.note
-    assert got.identity == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
+    assert got.identity["size"] == len(body) and got.identity["keyed"].startswith("hmac:")
+    assert hashlib.sha256(body).hexdigest() not in repr(got.identity)  # a keyed digest: secrets in it cannot be guessed
     assert got.stored == REDACTED.encode()  # its secret fields cannot be found, so none of it is kept
     assert FORMAT.match(fingerprint(body, ct)) and fingerprint(body, ct) != fingerprint(body + b" ", ct)
 
@@ -167,7 +185,7 @@ def test_unparsable_structured_body_is_bytes_with_a_note_and_stored_redacted(ct,
     (None, b'{"looks": "like json"}', "json"),  # undeclared JSON is sniffed, so its secrets are redacted
     (JSON, b"", "empty"),
     (None, b"", "empty"),
-    (JSON, json.dumps([{"i": i, "text": "x" * 100} for i in range(20_000)]).encode(), "json"),
+    (JSON, json.dumps([{"i": i, "text": "x" * 100} for i in range(5_000)]).encode(), "json"),
     ("application/octet-stream", os.urandom(5 * 1024 * 1024), "bytes"),
 ])
 def test_binary_empty_non_utf8_and_large_bodies(ct, body, kind):
@@ -299,3 +317,53 @@ def test_replicas_creating_the_key_file_at_once_all_read_the_same_whole_key(tmp_
             keys = {f.result() for f in [pool.submit(load) for _ in range(8)]}
         assert keys == {path.read_text().strip().encode()}
     assert sorted(f.name for f in tmp_path.iterdir()) == sorted(f"secret-{i}" for i in range(20))  # no drafts left
+
+
+# -- bounded work on any input ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)  # on the code before, each of these held the GIL for half a minute
+@pytest.mark.parametrize("body, stored", [
+    (b'{"a":1e999999}', b'{"a":1E999999}'),
+    (b'{"a":1e1000000}', b'{"a":1E1000000}'),
+    (b'{"a":-1E-999999999}', b'{"a":-1E-999999999}'),
+    (b'{"a":[1e999999, 2.50e3]}', b'{"a":[1E999999,2500]}'),
+])
+def test_huge_exponents_cost_nothing_and_stay_exact(body, stored):
+    got = analyse_body(JSON, body, RF)
+    assert (got.kind, got.stored, got.note) == ("json", stored, None)
+    assert not isinstance(got.document["a"], int)  # never expanded into a million-digit int
+    assert FORMAT.match(fingerprint(body))
+
+
+@pytest.mark.parametrize("a, b", [
+    (b'{"n": 12345678901234567890123456789012}', b'{"n": 12345678901234567890123456789013}'),
+    (b'{"n": ' + b"7" * 300 + b"}", b'{"n": ' + b"7" * 299 + b"8}"),  # integers are exact up to Python's 4300 digits
+    (b'{"n": 1.00000000000000000000000000000001}', b'{"n": 1.00000000000000000000000000000002}'),
+    (b'{"n": 1e999999}', b'{"n": 1e999998}'),
+])
+def test_numbers_are_never_rounded_into_one_another(a, b):
+    """Decimal.normalize() rounds to 28 digits: two different 32-digit numbers were one intent."""
+    assert fingerprint(a) != fingerprint(b)
+
+
+@pytest.mark.parametrize("body, why", [
+    (b'{"a": 1.' + b"9" * 300 + b"}", "a number 302 characters long"),
+    (b'{"a": ' + b"9" * 5000 + b"}", "a number over 4300 digits"),
+    (b"[" * 70 + b"]" * 70, "nested over"),
+    (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+    (b"[" * 100_000, "over 50000 items"),
+    (json.dumps([[i] for i in range(30_000)]).encode(), "over 50000 items"),
+    (b'{"a": "' + b"x" * (1024 * 1024) + b'"}', "over 1048576 bytes"),
+])
+def test_a_body_too_costly_to_canonicalise_is_identified_by_its_bytes(body, why):
+    got = analyse_body(JSON, body, RF)
+    assert got.kind == "bytes" and why in (got.note or ""), got.note
+    assert got.stored == REDACTED.encode()
+    assert fingerprint(body) != fingerprint(b" " + body)  # the bytes are the identity
+
+
+def test_a_form_too_long_to_canonicalise_is_identified_by_its_bytes():
+    body = b"&".join(b"f%d=1" % i for i in range(60_000)) + b"&password=hunter2-s3cr3t"
+    got = analyse_body(FORM, body, RF)
+    assert got.kind == "bytes" and "over 50000 items" in (got.note or "") and got.stored == REDACTED.encode()
