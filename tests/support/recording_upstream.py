@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from support.server import Served, serve, stop
+from support.server import Served, send_json, serve, stop
 
 SUCCESS, SLOW, RESET, REJECT = "success", "slow", "reset", "reject"
 MODES = (SUCCESS, SLOW, RESET, REJECT)
@@ -171,12 +171,4 @@ class _Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_PATCH = do_DELETE = _write
 
     def _send(self, status: int, document: Any) -> None:
-        payload = json.dumps(document).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-        except OSError:
-            self.close_connection = True
+        send_json(self, status, document)

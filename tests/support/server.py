@@ -1,6 +1,7 @@
 """Loopback plumbing every test server shares: a free port, "is anything listening", and a threaded HTTP
 server on 127.0.0.1 (optionally behind TLS) that is quiet about clients that went away."""
 
+import json
 import socket
 import ssl
 import threading
@@ -28,6 +29,19 @@ class LoopbackServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that gave up (a proxy killed mid-request, a hang it stopped waiting for): expected here
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, document: Any) -> None:
+    """Answer with `document` as JSON; a client that already left only closes the connection."""
+    payload = json.dumps(document).encode()
+    try:
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(payload)))
+        handler.end_headers()
+        handler.wfile.write(payload)
+    except OSError:
+        handler.close_connection = True
 
 
 def serve(

@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from support.server import Served, serve, stop
+from support.server import Served, send_json, serve, stop
 
 OK = "ok"
 COMMIT_THEN_HANG = "commit_then_hang"
@@ -211,15 +211,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, document: Any) -> None:
         self._settle()
-        payload = json.dumps(document).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-        except OSError:
-            self.close_connection = True
+        send_json(self, status, document)
 
     def _hang(self, then: tuple[int, Any] | None) -> None:
         """No answer until long after the proxy's timeout (or until the world stops); then maybe answer late."""
