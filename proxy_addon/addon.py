@@ -12,6 +12,7 @@ concern.
 
 import os
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,6 +31,8 @@ from proxy_addon.db import check_schema, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
 from proxy_addon.facts import RequestFacts, split_query
 from proxy_addon.handler import JournalHandler
+from proxy_addon.journal.client import JournalClient, WriterLink, WriterProcess
+from proxy_addon.journal.messages import Setup
 from proxy_addon.log import configure_logging, get_logger, scrub_standard_logging
 from proxy_addon.protocols.passthrough import Passthrough, mark_passing, recognised, route_of
 from proxy_addon.protocols.rest import REST
@@ -53,6 +56,8 @@ class Receipts:
         self.store: ReceiptStore | None = None
         self.handler: JournalHandler | None = None
         self.executor: ThreadPoolExecutor | None = None
+        self.journal: JournalClient | None = None
+        self.writer: Callable[[], WriterLink] = WriterProcess  # the journal writer: a process of its own
         self.instance_id = new_instance_id()
         self._active: tuple[str, str] | None = None  # (receipts_config, receipts_database_url) set up
         self._failure: str | None = None
@@ -96,7 +101,8 @@ class Receipts:
         configure_logging(config.logging.level, config.logging.format)
         # No pool_pre_ping (a round trip per checkout, several per request): a write transaction that failed on
         # a connection dropped while idle runs once more (store/database.py, in_transaction).
-        engine = make_engine(database_url or resolve_database_url(config.database.url), pool_pre_ping=False)
+        url = database_url or resolve_database_url(config.database.url)
+        engine = make_engine(url, pool_pre_ping=False)
         try:
             check_schema(engine)
             key = load_or_create_key(config.secret_file)
@@ -106,17 +112,24 @@ class Receipts:
         if self.store is not None:
             self.store.close()
             self.store.engine.dispose()
+        if self.journal is not None:
+            self.journal.close()
         self.config, self.store = config, ReceiptStore(engine)
+        self.journal = JournalClient(Setup(url, log_level=config.logging.level, log_format=config.logging.format), self.writer)
         if engine.dialect.name == "sqlite":
             self.store.db.enable_group_commit()  # one writer at a time: see store/group_commit.py
         if self.executor is None:
             self.executor = ThreadPoolExecutor(config.proxy.journal_threads, thread_name_prefix="receipts-journal")
-        self.handler = JournalHandler(config, self.store, AccountHasher(key), _sender(), self.executor, self.instance_id)
+        self.handler = JournalHandler(
+            config, self.store, self.journal, AccountHasher(key), _sender(), self.executor, self.instance_id
+        )
 
     async def done(self) -> None:
         if self.handler is not None:
             await self.handler.waiters.aclose()
             await self.handler.sender.aclose()
+        if self.journal is not None:
+            await self.journal.aclose()
         if self.store is not None:
             self.store.close()
 

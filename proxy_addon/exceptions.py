@@ -29,12 +29,8 @@ class JournalUnavailableError(ReceiptsError):
     """A receipt could not be written (database down, disk full, read-only file); nothing may be forwarded."""
 
 
-class SubmitNotRecordedError(JournalUnavailableError):
-    """`planned` was committed but `submitted` could not be: the request must not be sent."""
-
-    def __init__(self, operation_id: str, message: str):
-        super().__init__(message)
-        self.operation_id = operation_id
+class WriterLostError(JournalUnavailableError):
+    """The journal writer stopped before it answered: what it was asked may or may not have been committed."""
 
 
 class ReceiptNotFoundError(ReceiptsError):

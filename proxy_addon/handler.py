@@ -1,13 +1,13 @@
 """The journaled request's path, top to bottom: request facts in, an answer out. No mitmproxy here.
 
-1. Journal (on a journal thread): build the intent (fingerprint, account, redacted copy), then
-   `store.receipts.record_and_submit`: decide and commit `planned`, commit `submitted`. A duplicate is
-   answered from the receipt in its way (duplicates.py); a journal that cannot be written fails closed (503),
-   or open when configured. A duplicate of an original still in flight, on a host whose `in_flight.policy`
+1. Journal: build the intent (fingerprint, account, redacted copy; on a journal thread when the body is
+   large), then the journal writer (journal/) decides and commits the receipt as `submitted`, with its
+   `planned` and `planned -> submitted` rows, in one commit. A duplicate is answered from the receipt in its
+   way (duplicates.py); a journal that cannot be written fails closed (503), or open when configured. A duplicate of an original still in flight, on a host whose `in_flight.policy`
    is `wait`, first waits for the original's verdict (waiters.py), then is journaled again: it gets what a
    repeat after that verdict gets.
 2. Send it upstream once (sender.py) and classify how that ended (verdicts.py).
-3. Record the verdict (`transition` from `submitted`), then answer: the upstream's answer, or a problem+json
+3. Record the verdict (through the writer: compare-and-set from `submitted`), then answer: the upstream's answer, or a problem+json
    of ours, with the receipt's headers.
 """
 
@@ -27,12 +27,14 @@ from proxy_addon.config import HostPolicy, ReceiptsConfig
 from proxy_addon.exceptions import (
     DuplicateIntentError,
     JournalUnavailableError,
+    ReceiptNotFoundError,
     ReceiptsError,
     StaleStateError,
-    SubmitNotRecordedError,
+    WriterLostError,
 )
 from proxy_addon.facts import RequestFacts
 from proxy_addon.intent import build_intent
+from proxy_addon.journal.client import JournalClient
 from proxy_addon.log import get_logger
 from proxy_addon.operations import OperationRule
 from proxy_addon.records import Intent, Verdict, new_operation_id
@@ -43,6 +45,10 @@ from proxy_addon.verdicts import classify_outcome, storable_response
 from proxy_addon.waiters import VerdictWaiters
 
 log = get_logger("receipts.proxy")
+# Bodies up to this size are fingerprinted on the event loop: a hand-off to a journal thread costs more than
+# their canonical form does. Larger ones, whose worst case is far costlier (README, "Hostile inputs"), never
+# run there.
+INLINE_INTENT_BODY = 16 * 1024
 
 @dataclass(frozen=True)
 class Outcome:
@@ -65,6 +71,8 @@ class JournalState(Protocol):
     @property
     def executor(self) -> Executor | None: ...
     @property
+    def journal(self) -> JournalClient | None: ...
+    @property
     def instance_id(self) -> str: ...
 
 
@@ -73,12 +81,13 @@ class JournalHandler:
         self,
         config: ReceiptsConfig,
         store: ReceiptStore,
+        journal: JournalClient,
         hasher: AccountHasher,
         sender: UpstreamSender,
         executor: Executor,
         instance_id: str,
     ):
-        self.config, self.store, self.hasher = config, store, hasher
+        self.config, self.store, self.journal, self.hasher = config, store, journal, hasher
         self.sender, self.executor, self.instance_id = sender, executor, instance_id
         # operation ids this process is working on; its other planned/submitted receipts are orphans
         self.in_flight: set[str] = set()
@@ -98,13 +107,14 @@ class JournalHandler:
 
     async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Outcome:
         agent_key = _header(facts, policy.idempotency_key_header)
+        started = time.perf_counter()
+        intent, rule = await self._intent(facts, policy, agent_key, operation_id)
         waited = False
         wait_until: float | None = None
         loop = asyncio.get_running_loop()
         while True:
-            started = time.perf_counter()
             try:
-                intent, rule = await self._on_journal_thread(self._record, facts, policy, agent_key, operation_id)
+                await self.journal.record(intent, policy.after_success, self.instance_id)
                 break
             except DuplicateIntentError as e:
                 if policy.in_flight.policy != "wait" or not duplicates.in_flight(e.blocker):
@@ -117,6 +127,10 @@ class JournalHandler:
                 waited = True
                 log.debug("waiting_for_in_flight_original", operation_id=e.operation_id)
                 await self.waiters.wait(e.operation_id, e.operation_id in self.in_flight, remaining, facts.client_gone)
+                started = time.perf_counter()
+            except WriterLostError as e:
+                await self._on_journal_thread(self._abandon_unsent, operation_id)
+                return self._journal_down(e, facts)
             except JournalUnavailableError as e:
                 return self._journal_down(e, facts)
         metrics.journaled(time.perf_counter() - started)
@@ -139,36 +153,35 @@ class JournalHandler:
 
     # -- 1. journal ---------------------------------------------------------------------------------------------
 
-    def _record(
+    async def _intent(
         self, facts: RequestFacts, policy: HostPolicy, agent_key: str | None, operation_id: str
     ) -> tuple[Intent, OperationRule | None]:
-        """On a journal thread: fingerprint, decide, commit planned, commit submitted."""
+        """Fingerprint, account and redacted copy: on the event loop for a small body, else on a journal thread."""
         key = agent_key if agent_key is not None else (operation_id if policy.inject_idempotency_key else None)
-        max_body = self.config.proxy.max_stored_body
-        intent, rule = build_intent(facts, policy, self.hasher, self.instance_id, max_body, key, operation_id)
-        try:
-            self.store.receipts.record_and_submit(intent, policy.after_success, self.instance_id)
-        except SubmitNotRecordedError as e:
-            self._abandon_planned(e.operation_id)
-            raise
-        return intent, rule
+        args = (facts, policy, self.hasher, self.instance_id, self.config.proxy.max_stored_body, key, operation_id)
+        if len(facts.body) <= INLINE_INTENT_BODY:
+            return build_intent(*args)
+        return await self._on_journal_thread(build_intent, *args)
 
-    def _abandon_planned(self, operation_id: str) -> None:
-        """The request will not be sent: close its `planned` receipt, or the retry that the 503 invites
-        would be refused as a duplicate of it for as long as this instance lives (recovery is for dead ones)."""
+    def _abandon_unsent(self, operation_id: str) -> None:
+        """The writer died before it answered: the receipt may have been committed, and the request will not be
+        sent. Close it as not sent, or the retry that the 503 invites would be refused as a duplicate of it
+        until the orphan sweep settles it (as `outcome_unknown`, since it cannot know it was never sent)."""
         try:
             self.store.receipts.transition(
                 operation_id,
-                State.PLANNED,
+                State.SUBMITTED,
                 State.REJECTED,
                 {"who": self.instance_id, "error": "not_sent"},
                 error_code="not_sent",
-                error_message="the receipt could not be marked submitted, so the request was not sent",
+                error_message="the journal writer stopped before it answered, so the request was not sent",
             )
+        except ReceiptNotFoundError:
+            return  # it was never committed
         except StaleStateError as e:
-            log.info("planned_receipt_settled_elsewhere", operation_id=operation_id, state=e.actual)
+            log.info("unsent_receipt_settled_elsewhere", operation_id=operation_id, state=e.actual)
         except ReceiptsError as e:
-            log.error("planned_receipt_left_open", operation_id=operation_id, error=str(e))
+            log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
 
     def _refuse(self, e: DuplicateIntentError, policy: HostPolicy, agent_key: str | None, waited: bool) -> Outcome:
         decision = duplicates.decide(e.blocker, policy.after_success)
@@ -221,9 +234,7 @@ class JournalHandler:
             "elapsed_ms": round(result.elapsed * 1000, 1),
         }
         try:
-            await self._on_journal_thread(
-                lambda: self.store.receipts.transition(intent.operation_id, State.SUBMITTED, verdict.state, detail, **updates)
-            )
+            await self._advance(intent.operation_id, verdict.state, detail, updates)
         except ReceiptsError as e:
             # The upstream has answered but we could not write it down: the receipt stays `submitted`,
             # and crash recovery or the reconciler settles it. The agent is told which state holds.
@@ -236,6 +247,24 @@ class JournalHandler:
             external_id=verdict.external_id,
         )
         return verdict.state.value
+
+    async def _advance(self, operation_id: str, to: State, detail: dict[str, Any], updates: dict[str, Any]) -> None:
+        """Through the writer; if it failed or died meanwhile, once more through the store's general path (a
+        writer that committed the verdict before it died leaves the receipt in that state already)."""
+        try:
+            await self.journal.advance(operation_id, State.SUBMITTED, to, detail, updates)
+            return
+        except JournalUnavailableError as e:
+            log.warning("verdict_through_writer_failed", operation_id=operation_id, error=str(e))
+
+        def general_path() -> None:
+            try:
+                self.store.receipts.transition(operation_id, State.SUBMITTED, to, detail, **updates)
+            except StaleStateError as stale:
+                if stale.actual != to.value:
+                    raise
+
+        await self._on_journal_thread(general_path)
 
 
 def _answer(intent: Intent, result: SendResult, verdict: Verdict) -> Answer:

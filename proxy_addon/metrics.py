@@ -8,7 +8,7 @@ StoreCollector, so every replica's admin port tells the same totals.
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -44,6 +44,17 @@ JOURNAL_SECONDS = Histogram(
     "receipts_journal_seconds",
     "Time from a write's arrival to its receipt committed as submitted, before it is forwarded.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    registry=REGISTRY,
+)
+
+WRITER_STARTS = Counter(
+    "receipts_journal_writer_starts",
+    "Journal writer processes this proxy started (the first, and each restart after one stopped).",
+    registry=REGISTRY,
+)
+WRITER_PENDING = Gauge(
+    "receipts_journal_writer_pending",
+    "Writes this proxy handed to its journal writer that it has not answered yet.",
     registry=REGISTRY,
 )
 
@@ -105,7 +116,7 @@ class StoreCollector(Collector):
 def registry_for(read_stats: JournalStatsReader | None) -> CollectorRegistry:
     """This process's counters, plus the store's gauges: what an admin server's /metrics serves."""
     registry = CollectorRegistry(auto_describe=True)
-    for collector in (TRANSITIONS, DUPLICATES, RECONCILE_VERDICTS, JOURNAL_SECONDS):
+    for collector in (TRANSITIONS, DUPLICATES, RECONCILE_VERDICTS, JOURNAL_SECONDS, WRITER_STARTS, WRITER_PENDING):
         registry.register(collector)
     if read_stats is not None:
         registry.register(StoreCollector(read_stats))

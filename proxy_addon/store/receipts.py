@@ -1,16 +1,18 @@
-"""Receipts: the one write path, and the reads of receipts and their history.
+"""Receipts: the general write path, and the reads of receipts and their history.
+
+The proxy's own writes go through its journal writer process (proxy_addon/journal/), which runs the same
+decision and the same writes as plain SQL; this is the general path everything else uses (the CLI, the
+reconciler, recovery, tests), and the reference that the writer's statements are tested equal to.
 
 The write a newcomer looks for, top to bottom in this file:
-1. `record_and_submit` is what the proxy calls before it sends a write (one connection checkout, prepared
-   statements, nothing read back).
-2. `_record` decides and records in one transaction: `_find_blocker` looks for an earlier receipt of the
-   same intent in the way (an open one, a recent success, an Idempotency-Key used for another request);
-   if there is one, DuplicateIntentError carries it to the caller, which answers from it (duplicates.py).
-   Otherwise the receipt is inserted as `planned` with its creation row, and committed. The partial unique
+1. `record_and_submit` decides and records in one transaction: `_find_blocker` looks for an earlier receipt
+   of the same intent in the way (an open one, a recent success, an Idempotency-Key used for another
+   request); if there is one, DuplicateIntentError carries it to the caller, which answers from it
+   (duplicates.py). Otherwise the receipt is inserted as `submitted` with its creation row (`planned`) and
+   its `planned -> submitted` row, and committed: only then may the request go upstream. The partial unique
    index over open receipts is the last word: of two writers that decide at once, the second insert fails
    there and is refused like any duplicate.
-3. `planned -> submitted` in a second commit: only then may the request go upstream.
-4. `transition` records every later step (the verdict, recovery, the reconciler, a person): a
+2. `transition` records every later step (the verdict, recovery, the reconciler, a person): a
    compare-and-set of the state with its history row, in one commit.
 """
 
@@ -31,7 +33,6 @@ from proxy_addon.exceptions import (
     JournalUnavailableError,
     ReceiptNotFoundError,
     StaleStateError,
-    SubmitNotRecordedError,
 )
 from proxy_addon.models import Receipt, ReceiptTransition
 from proxy_addon.records import (
@@ -132,52 +133,48 @@ class Receipts:
     # -- the write path ---------------------------------------------------------------------------------------
 
     def record_and_submit(self, intent: Intent, after_success: AfterSuccess | None, who: str) -> None:
-        """Decide and commit `planned`, then commit `planned -> submitted`, on one connection checkout.
+        """Decide and commit the receipt as `submitted`, its creation row and its `planned -> submitted` row
+        together: one durable commit before the request may go upstream (README, "One commit before the send").
 
-        Raises DuplicateIntentError (nothing recorded), JournalUnavailableError (nothing recorded), or
-        SubmitNotRecordedError when `planned` was committed but `submitted` could not be: the caller must
-        not send, and closes the planned receipt.
+        Raises DuplicateIntentError or JournalUnavailableError; either way nothing was recorded.
         """
-        with self.db.storage_errors(), self.db.hot_connection() as conn:
-            self._record(intent, after_success or AfterSuccess(), conn)
-            now = utcnow()
-            step = _Step(intent.operation_id, State.PLANNED, State.SUBMITTED, {"who": who}, None, {"submitted_at": now}, now)
-            try:
-                with self.db.storage_errors():
-                    self.db.write(step.apply, conn)
-            except JournalUnavailableError as e:
-                raise SubmitNotRecordedError(intent.operation_id, str(e)) from e
-            except StaleStateError as e:  # another instance settled it first (it took this one for dead)
-                raise SubmitNotRecordedError(intent.operation_id, f"cannot mark it submitted: {e}") from e
+        with self.db.storage_errors():
+            self._record(intent, after_success or AfterSuccess(), submitted_by=who)
         metrics.transitioned(State.SUBMITTED)
 
     def record(self, intent: Intent, after_success: AfterSuccess | None = None) -> None:
-        """Decide and commit a `planned` receipt (the first half of `record_and_submit`)."""
+        """Decide and commit a `planned` receipt (for tests and tools: the proxy records `submitted` at once)."""
         with self.db.storage_errors():
-            self._record(intent, after_success or AfterSuccess(), None)
+            self._record(intent, after_success or AfterSuccess(), submitted_by=None)
 
-    def _record(self, intent: Intent, after_success: AfterSuccess, conn: Connection | None) -> None:
+    def _record(self, intent: Intent, after_success: AfterSuccess, submitted_by: str | None) -> None:
         now = utcnow()
         row = {name: getattr(intent, name) for name in INTENT_FIELDS}
         row.update(state=State.PLANNED.value, created_at=now, updated_at=now, authentication_recorded=False)
-        creation = {
-            "operation_id": intent.operation_id,
-            "from_state": None,
-            "to_state": State.PLANNED.value,
-            "recorded_at": now,
-            "detail": {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint},
-        }
+        history: list[dict[str, Any]] = [
+            {
+                "operation_id": intent.operation_id,
+                "from_state": None,
+                "to_state": State.PLANNED.value,
+                "recorded_at": now,
+                "detail": {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint},
+            }
+        ]
+        if submitted_by is not None:
+            row.update(state=State.SUBMITTED.value, submitted_at=now)
+            step = {"from_state": State.PLANNED.value, "to_state": State.SUBMITTED.value, "detail": {"who": submitted_by}}
+            history.append({**history[0], **step})
 
         def decide_and_insert(c: Connection) -> None:
             blocker = _find_blocker(c, intent, after_success)
             if blocker is not None:
                 raise DuplicateIntentError.of(blocker, intent)
             c.execute(_INSERT_RECEIPT, row)
-            c.execute(_INSERT_TRANSITION, creation)
+            c.execute(_INSERT_TRANSITION, history)
 
         for _attempt in range(RECORD_ATTEMPTS):
             try:
-                self.db.write(decide_and_insert, conn)
+                self.db.write(decide_and_insert)
             except IntegrityError:  # another writer's open receipt of this intent won the unique index
                 with self.db.reading() as rc:
                     open_row = rc.execute(_Q_OPEN, _intent_params(intent)).first()

@@ -6,6 +6,8 @@ tests keep apart by sending bodies and paths no other test sends.
 """
 
 import json
+import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -434,42 +436,28 @@ def test_journal_unavailable_fails_closed(env: Env):
     assert env.ups["main"].count("POST", path) == 1
 
 
-def test_a_receipt_that_cannot_be_marked_submitted_does_not_block_the_retry(env: Env):
-    """planned was committed, submitted could not be: nothing was sent, and the 503 says a retry is safe;
-    the retry must not be refused as a duplicate of a receipt that will never be sent."""
-    path = f"/submit-fails/{tag()}"
-    with failing_receipt_writes(env.url, "UPDATE", "NEW.state = 'submitted'"):
-        problem(env.client.post(env.at("main", path), json={"x": 1}), 503, "journal-unavailable")
-        assert env.ups["main"].count("POST", path) == 0
-    [abandoned] = receipts_for(env.store, path)
-    assert (abandoned.state, abandoned.error_code) == ("rejected", "not_sent")
+def test_a_journal_writer_killed_while_it_holds_a_write_fails_it_closed_and_is_restarted(env: Env):
+    """The journal writer process dies (SIGKILL) with a write in its hands: that write is answered 503 and
+    never sent; the next one starts a new writer and goes through, and the retry is not refused."""
+    path = f"/writer-killed/{tag()}"
+    journal = env.proxy.addon.journal
+    assert env.client.post(env.at("main", f"{path}/warm"), json={"x": 0}).status_code == 201  # the writer runs
+    pid = journal._link.process.pid
+    os.kill(pid, signal.SIGSTOP)
+    answers: list[httpx.Response] = []
+    try:
+        sending = threading.Thread(target=lambda: answers.append(env.client.post(env.at("main", path), json={"x": 1})))
+        sending.start()
+        assert wait_for(lambda: bool(journal._pending), timeout=15), "the write never reached the writer"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    sending.join(timeout=30)
+    problem(answers[0], 503, "journal-unavailable")
+    assert "journal writer stopped (killed by SIGKILL)" in answers[0].json()["detail"]
+    assert env.ups["main"].count("POST", path) == 0 and receipts_for(env.store, path) == []
     r = env.client.post(env.at("main", path), json={"x": 1})
     assert r.status_code == 201, r.text
-    assert env.ups["main"].count("POST", path) == 1
-
-
-def test_a_receipt_recovered_elsewhere_before_it_was_submitted_is_not_sent(env: Env, monkeypatch):
-    """This proxy stalled between `planned` and `submitted` and another instance took it for dead and settled
-    the receipt: the lost compare-and-set must stop the send, and say so, not fail as an internal error."""
-    path = f"/recovered-meanwhile/{tag()}"
-    receipts = env.proxy.addon.store.receipts
-    record = receipts._record
-
-    def record_then_recovered_by_another(intent, after_success, conn):
-        record(intent, after_success, conn)
-        env.store.receipts.transition(intent.operation_id, "planned", "rejected", {"who": "other-instance", "error": "not_sent"},
-                                      error_code="not_sent")
-
-    monkeypatch.setattr(receipts, "_record", record_then_recovered_by_another)
-    document = problem(env.client.post(env.at("main", path), json={"x": 1}), 503, "journal-unavailable")
-    assert "is 'rejected', not 'planned'" in document["detail"] and "internal error" not in document["detail"]
-    assert env.ups["main"].count("POST", path) == 0
-    [receipt] = receipts_for(env.store, path)
-    assert (receipt.state, receipt.error_code) == ("rejected", "not_sent")
-    monkeypatch.undo()
-    r = env.client.post(env.at("main", path), json={"x": 1})
-    assert r.status_code == 201, r.text
-    assert env.ups["main"].count("POST", path) == 1
+    assert env.ups["main"].count("POST", path) == 1 and journal._link.process.pid != pid
 
 
 def test_a_verdict_that_cannot_be_written_is_settled_by_the_live_proxy(env: Env):

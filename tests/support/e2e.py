@@ -128,8 +128,8 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 
 @contextmanager
-def failing_receipt_writes(url: str, event: str, when: str | None = None) -> Iterator[None]:
-    """While inside, the database itself refuses `event` (INSERT or UPDATE) on `receipts` rows matching
+def failing_receipt_writes(url: str, event: str, when: str | None = None, table: str = "receipts") -> Iterator[None]:
+    """While inside, the database itself refuses `event` (INSERT or UPDATE) on `table` rows matching
     `when` (SQL on NEW), through a trigger: a journal that cannot be written, on SQLite or PostgreSQL."""
     engine = make_engine(url)
     name = "receipts_test_refuse_write"
@@ -138,7 +138,7 @@ def failing_receipt_writes(url: str, event: str, when: str | None = None) -> Ite
         with engine.begin() as conn:
             if engine.dialect.name == "sqlite":
                 conn.exec_driver_sql(
-                    f"CREATE TRIGGER {name} BEFORE {event} ON receipts {condition} "
+                    f"CREATE TRIGGER {name} BEFORE {event} ON {table} {condition} "
                     "BEGIN SELECT RAISE(ABORT, 'simulated journal failure'); END"
                 )
             else:
@@ -147,12 +147,12 @@ def failing_receipt_writes(url: str, event: str, when: str | None = None) -> Ite
                     "$$ BEGIN RAISE EXCEPTION 'simulated journal failure'; END $$"
                 )
                 conn.exec_driver_sql(
-                    f"CREATE TRIGGER {name} BEFORE {event} ON receipts FOR EACH ROW {condition} EXECUTE FUNCTION {name}()"
+                    f"CREATE TRIGGER {name} BEFORE {event} ON {table} FOR EACH ROW {condition} EXECUTE FUNCTION {name}()"
                 )
         yield
     finally:
         with engine.begin() as conn:
-            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name}" + ("" if engine.dialect.name == "sqlite" else " ON receipts"))
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {name}" + ("" if engine.dialect.name == "sqlite" else f" ON {table}"))
             if engine.dialect.name != "sqlite":
                 conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {name}()")
         engine.dispose()

@@ -14,6 +14,7 @@ from support.e2e import migrate
 
 from proxy_addon.addon import METADATA_KEY, Receipts
 from proxy_addon.exceptions import JournalUnavailableError
+from proxy_addon.journal.client import WriterThread
 from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer
 from proxy_addon.store import ReceiptStore
 
@@ -57,6 +58,7 @@ def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         path = tmp_path / "config.yaml"
         path.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n{config}")
         addon, sender = Receipts(), FakeSender(*results)
+        addon.writer = WriterThread  # the writer's own loop, in a thread: no process to start per test
 
         def run(flow: Any) -> Any:
             async def go() -> None:
@@ -74,6 +76,8 @@ def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
     yield make
     for addon in stores:
+        if addon.journal is not None:  # type: ignore[attr-defined]
+            addon.journal.close()  # type: ignore[attr-defined]
         if addon.store is not None:  # type: ignore[attr-defined]
             addon.store.close()  # type: ignore[attr-defined]
             addon.store.engine.dispose()  # type: ignore[attr-defined]
@@ -142,10 +146,10 @@ def test_reads_and_unjournaled_methods_pass_through(journal):
 def test_a_journal_that_cannot_be_written_fails_closed(journal, monkeypatch):
     run, addon, sender = journal()
 
-    def down(*_a: Any, **_kw: Any) -> None:
+    async def down(*_a: Any, **_kw: Any) -> None:
         raise JournalUnavailableError("cannot write the journal: disk I/O error")
 
-    monkeypatch.setattr("proxy_addon.store.receipts.Receipts.record_and_submit", down)
+    monkeypatch.setattr("proxy_addon.journal.client.JournalClient.record", down)
     flow = run(post())
     assert flow.response.status_code == 503 and sender.sent == []
     assert json.loads(flow.response.content)["type"].endswith("journal-unavailable")
@@ -154,10 +158,10 @@ def test_a_journal_that_cannot_be_written_fails_closed(journal, monkeypatch):
 def test_fail_open_forwards_without_a_receipt(journal, monkeypatch):
     run, _, sender = journal(config="proxy: {fail_open: true}\n")
 
-    def down(*_a: Any, **_kw: Any) -> None:
+    async def down(*_a: Any, **_kw: Any) -> None:
         raise JournalUnavailableError("cannot write the journal: disk I/O error")
 
-    monkeypatch.setattr("proxy_addon.store.receipts.Receipts.record_and_submit", down)
+    monkeypatch.setattr("proxy_addon.journal.client.JournalClient.record", down)
     flow = run(post())
     assert flow.response is None and flow.metadata[METADATA_KEY] == {"fail_open": True} and sender.sent == []
 
@@ -179,3 +183,28 @@ def test_the_injected_idempotency_key_is_the_operation_id(journal):
     flow = run(post())
     assert flow.response.status_code == 201
     assert sender.headers[0][b"idempotency-key"] == flow.response.headers["X-Receipt-Id"].encode()
+
+
+def test_a_write_the_writer_committed_before_it_died_is_closed_as_not_sent(journal, monkeypatch):
+    """The writer commits the receipt, then dies before it answers: the proxy cannot know it was recorded, so
+    it answers 503, sends nothing, and closes that receipt as not sent, so that the retry is not refused."""
+    from proxy_addon.journal.writer import JournalWriter
+
+    commit = JournalWriter.run
+
+    def commit_then_die(self: JournalWriter, batch: list[Any]) -> Any:
+        commit(self, batch)
+        raise SystemExit("the writer died before it answered")
+
+    monkeypatch.setattr(JournalWriter, "run", commit_then_die)
+    run, addon, sender = journal(created())
+    flow = run(post())
+    assert flow.response.status_code == 503 and sender.sent == []
+    assert "journal writer stopped" in json.loads(flow.response.content)["detail"]
+    assert addon.store is not None
+    [receipt] = addon.store.receipts.list()
+    assert (receipt.state, receipt.error_code) == ("rejected", "not_sent")
+    assert states(addon, receipt.operation_id) == ["planned", "submitted", "rejected"]
+    monkeypatch.undo()
+    again = run(post())
+    assert again.response.status_code == 201 and len(sender.sent) == 1

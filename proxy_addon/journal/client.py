@@ -1,0 +1,257 @@
+"""The proxy's side of its journal writer: starts it, hands it the hot path's writes, restarts it when it dies.
+
+Calls are made on the proxy's event loop: a request is a frame written to the socket, its answer a future the
+reader task resolves. No thread hand-off, no database work in the proxy's process.
+
+The writer's death is the journal's failure. Every request it had not answered fails at once with
+WriterLostError (the proxy answers 503 and sends nothing upstream; whether the writer committed it before it
+died is not known, handler.py closes such a receipt itself). The next request starts a new writer; one that
+keeps dying before it answered anything is started again only after a growing pause, during which writes fail
+closed at once.
+"""
+
+import asyncio
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from proxy_addon import metrics
+from proxy_addon.config import AfterSuccess
+from proxy_addon.exceptions import (
+    DuplicateIntentError,
+    IllegalTransitionError,
+    JournalUnavailableError,
+    ReceiptNotFoundError,
+    StaleStateError,
+    WriterLostError,
+)
+from proxy_addon.journal.messages import (
+    HEADER_SIZE,
+    Advance,
+    Blocked,
+    Done,
+    Failed,
+    Record,
+    Reply,
+    Setup,
+    body_size,
+    frame,
+    unframe,
+)
+from proxy_addon.log import get_logger
+from proxy_addon.records import Intent
+from proxy_addon.states import State, is_allowed
+
+log = get_logger("receipts.proxy")
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
+MAX_PAUSE = 5.0  # seconds between the starts of a writer that keeps dying before its first answer
+
+
+class WriterLink(Protocol):
+    """A started writer: the proxy's end of their socketpair, and how to tell and end the writer's life."""
+
+    sock: socket.socket
+
+    def ended(self) -> str: ...
+    def stop(self) -> None: ...
+
+
+class WriterProcess:
+    """The writer as a child process: `python -m proxy_addon.journal.writer`, given its end of a socketpair."""
+
+    def __init__(self) -> None:
+        self.sock, child = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
+        cmd = [sys.executable, "-m", "proxy_addon.journal.writer", "--fd", str(child.fileno())]
+        try:
+            self.process = subprocess.Popen(cmd, pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        finally:
+            child.close()
+
+    def ended(self) -> str:
+        try:
+            code = self.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "its socket closed"
+        return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+
+    def stop(self) -> None:
+        self.sock.close()  # the writer reads the end of its socket, finishes what it holds, and exits
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class WriterThread:
+    """The writer's same loop in a thread of this process (the in-process tests; never the proxy's choice)."""
+
+    def __init__(self) -> None:
+        from proxy_addon.journal.writer import serve_socket
+
+        self.sock, child = socket.socketpair()
+        self.thread = threading.Thread(target=serve_socket, args=(child, False), name="receipts-journal-writer", daemon=True)
+        self.thread.start()
+
+    def ended(self) -> str:
+        return "its thread ended"
+
+    def stop(self) -> None:
+        self.sock.close()
+        self.thread.join(timeout=5)
+
+
+class JournalClient:
+    def __init__(self, setup: Setup, start: Callable[[], WriterLink] = WriterProcess):
+        self.setup = setup
+        self._start = start
+        self._link: WriterLink | None = None
+        self._stream: asyncio.StreamWriter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: dict[int, tuple[Record | Advance, asyncio.Future[Reply]]] = {}
+        self._ids = itertools.count()
+        self._answered = False  # the current writer answered a request: it got past its start
+        self._quick_deaths = 0
+        self._paused_until = 0.0
+        self._reader: asyncio.Task[None] | None = None
+        self._connecting: asyncio.Task[asyncio.StreamWriter] | None = None
+        metrics.WRITER_PENDING.set_function(lambda: len(self._pending))
+
+    # -- the hot path's two calls -----------------------------------------------------------------------------
+
+    async def record(self, intent: Intent, after_success: AfterSuccess, who: str) -> None:
+        """Decide and commit the receipt as `submitted` (creation and `planned -> submitted` rows, one commit).
+
+        Raises DuplicateIntentError (nothing written), JournalUnavailableError (nothing written), or
+        WriterLostError (the writer died first: it may have committed it, or not)."""
+        reply = await self._call(Record(intent, after_success, who))
+        if isinstance(reply, Blocked):
+            raise DuplicateIntentError.of(reply.blocker, intent)
+        _raise_failure(reply, intent.operation_id)
+        metrics.transitioned(State.PLANNED)
+        metrics.transitioned(State.SUBMITTED)
+
+    async def advance(
+        self, operation_id: str, expected_from: State, to: State, detail: dict[str, Any], updates: dict[str, Any]
+    ) -> None:
+        """`store.receipts.transition`, through the writer: compare-and-set with its history row, one commit."""
+        if not is_allowed(expected_from, to):
+            raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
+        reply = await self._call(Advance(operation_id, expected_from.value, to.value, detail, updates))
+        _raise_failure(reply, operation_id, expected_from.value)
+        metrics.transitioned(to)
+
+    # -- the writer's life ------------------------------------------------------------------------------------
+
+    async def _call(self, request: Record | Advance) -> Reply:
+        stream = await self._connected()
+        request_id = next(self._ids)
+        answered: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = (request, answered)
+        stream.write(frame(request_id, request))
+        return await answered
+
+    async def _connected(self) -> asyncio.StreamWriter:
+        """The stream to the running writer; the first caller after a stop starts one, the others wait for it."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            if self._stream is not None:
+                return self._stream
+            if self._connecting is not None:
+                return await asyncio.shield(self._connecting)
+        if self._link is not None:  # started on another event loop (the in-process tests run one per request)
+            self._end(self._link)
+        if time.monotonic() < self._paused_until:
+            raise JournalUnavailableError(
+                f"cannot write the journal: the journal writer keeps stopping; next start in {self._paused_until - time.monotonic():.1f}s"
+            )
+        link = self._start()
+        self._link, self._loop, self._answered = link, loop, False
+        metrics.WRITER_STARTS.inc()
+        self._connecting = loop.create_task(self._open(link))
+        return await asyncio.shield(self._connecting)
+
+    async def _open(self, link: WriterLink) -> asyncio.StreamWriter:
+        try:
+            reader, stream = await asyncio.open_unix_connection(sock=link.sock)
+        except OSError as e:
+            if link is self._link:
+                self._connecting = None
+                self._end(link)
+            raise WriterLostError(f"cannot write the journal: cannot reach the journal writer ({e})") from e
+        stream.write(frame(0, self.setup))
+        if link is not self._link:
+            stream.close()
+            raise WriterLostError("cannot write the journal: the journal writer was restarted")
+        self._stream, self._connecting = stream, None
+        self._reader = asyncio.get_running_loop().create_task(self._read(reader, link))
+        return stream
+
+    async def _read(self, reader: asyncio.StreamReader, link: WriterLink) -> None:
+        try:
+            while True:
+                header = await reader.readexactly(HEADER_SIZE)
+                request_id, reply = unframe(await reader.readexactly(body_size(header)))
+                self._answered = True
+                _, answered = self._pending.pop(request_id, (None, None))
+                if answered is not None and not answered.done():
+                    answered.set_result(reply)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        if link is self._link:
+            self._lost(link)
+
+    def _lost(self, link: WriterLink) -> None:
+        how = link.ended()
+        self._quick_deaths = 0 if self._answered else self._quick_deaths + 1
+        pause = min(MAX_PAUSE, 0.25 * 2 ** (self._quick_deaths - 1)) if self._quick_deaths else 0.0
+        self._paused_until = time.monotonic() + pause
+        records = sum(isinstance(request, Record) for request, _ in self._pending.values())
+        log.error(
+            "journal_writer_stopped",
+            how=how,
+            unanswered_records=records,  # answered 503, not sent
+            unanswered_verdicts=len(self._pending) - records,  # written through the store instead
+            restart_in_seconds=pause,
+        )
+        self._end(link, WriterLostError(f"cannot write the journal: the journal writer stopped ({how})"))
+
+    def _end(self, link: WriterLink, error: JournalUnavailableError | None = None) -> None:
+        error = error or WriterLostError("cannot write the journal: the journal writer was restarted")
+        for _, answered in self._pending.values():
+            if not answered.done():
+                answered.set_exception(error)
+        self._pending.clear()
+        self._link = self._stream = self._loop = self._connecting = None
+        link.stop()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Stop the writer: it finishes what it holds, then exits."""
+        link, self._link, self._stream, self._loop, self._connecting = self._link, None, None, None, None
+        if link is not None:
+            link.stop()
+
+
+def _raise_failure(reply: Reply, operation_id: str, expected: str | None = None) -> None:
+    if isinstance(reply, Done):
+        return
+    if not isinstance(reply, Failed):
+        raise JournalUnavailableError(f"cannot write the journal: the writer answered {type(reply).__name__}")
+    if reply.reason == "stale":
+        raise StaleStateError(operation_id, expected or "", reply.actual)
+    if reply.reason == "not_found":
+        raise ReceiptNotFoundError(reply.message)
+    raise JournalUnavailableError(reply.message)

@@ -1,0 +1,74 @@
+"""The writer's one database connection: opened through the project's engine, used below SQLAlchemy."""
+
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from proxy_addon.db import make_engine, parse_database_url
+from proxy_addon.journal.statements import DriverStatements
+
+
+class DriverConnection:
+    """A driver connection (sqlite3 or psycopg) set up as every other connection of the project (db.py: SQLite in
+    WAL mode with synchronous=FULL and a busy timeout; PostgreSQL with its idle-in-transaction timeout), and
+    its transactions.
+
+    After a failed transaction the connection is closed and the next one opens a fresh one (a SQLite connection
+    opened while the file was read-only stays read-only; a PostgreSQL one may be broken). `usable` then says
+    whether the failure may be retried request by request: not when connecting failed, nor when COMMIT did
+    (it may have happened), nor when the server is gone.
+    """
+
+    def __init__(self, database_url: str):
+        url = parse_database_url(database_url)
+        pool = {"pool_size": 1, "max_overflow": 0} if url.get_backend_name() == "postgresql" else {}
+        self.engine = make_engine(database_url, pool_pre_ping=False, **pool)
+        self.dialect = self.engine.dialect.name
+        self.statements = DriverStatements(self.engine.dialect)
+        self.usable = True
+        self._pooled: Any = None  # SQLAlchemy's PoolProxiedConnection around the driver's connection
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """The driver connection in a write transaction, committed on leaving without an exception."""
+        self.usable = False
+        driver = self._driver()
+        self.usable = True
+        try:
+            if self.dialect == "sqlite":
+                driver.execute("BEGIN IMMEDIATE")  # the write lock now: no deadlock on a later upgrade
+            yield driver
+        except BaseException:
+            self._discard(driver)
+            raise
+        try:
+            if self.dialect == "sqlite":
+                driver.execute("COMMIT")
+            else:
+                driver.commit()
+        except BaseException:
+            self.usable = False
+            self._discard(driver)
+            raise
+
+    def _driver(self) -> Any:
+        if self._pooled is None:
+            self._pooled = self.engine.raw_connection()
+        return self._pooled.driver_connection
+
+    def _discard(self, driver: Any) -> None:
+        if getattr(driver, "broken", False):  # psycopg: the server or the socket is gone
+            self.usable = False
+        with suppress(Exception):
+            driver.rollback()
+        if self._pooled is not None:
+            with suppress(Exception):
+                self._pooled.invalidate()  # closes the driver's connection for good
+            self._pooled = None
+
+    def close(self) -> None:
+        if self._pooled is not None:
+            with suppress(Exception):
+                self._pooled.close()
+            self._pooled = None
+        self.engine.dispose()

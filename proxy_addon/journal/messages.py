@@ -1,0 +1,105 @@
+"""What the proxy and its journal writer say to each other, and how it is framed on their socket.
+
+Frames are a 4-byte big-endian length and a pickle. Pickle, because both ends are this package (the records
+are its dataclasses) and it is the cheapest encoding Python has; it is safe here because the socket is one
+end of a socketpair the proxy made and handed to its own child: no other process can reach it.
+"""
+
+import pickle
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from proxy_addon.config import AfterSuccess
+from proxy_addon.records import Blocker, Intent
+
+_LENGTH = struct.Struct(">I")
+HEADER_SIZE = _LENGTH.size
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """The first frame: what the writer writes to, and how it logs."""
+
+    database_url: str
+    max_batch: int = 64
+    log_level: str = "info"
+    log_format: str = "json"
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """Decide, and record the intent as `submitted` (creation and `planned -> submitted` rows) in one commit."""
+
+    intent: Intent
+    after_success: AfterSuccess
+    who: str
+
+
+@dataclass(frozen=True, slots=True)
+class Advance:
+    """Compare-and-set `expected_from -> to` with column updates and its history row (the verdict)."""
+
+    operation_id: str
+    expected_from: str
+    to: str
+    detail: dict[str, Any]
+    updates: dict[str, Any]
+
+
+Request = Record | Advance
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Committed (a Record: recorded as submitted; an Advance: moved)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """A Record refused: this earlier receipt is in the way; nothing was written."""
+
+    blocker: Blocker
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Not done. `reason`: `stale` (an Advance found the receipt in `actual`), `not_found`, or `unavailable`
+    (the journal could not be written: nothing of this request was committed)."""
+
+    reason: str
+    message: str
+    actual: str | None = None
+
+
+Reply = Done | Blocked | Failed
+
+
+def frame(request_id: int, message: Any) -> bytes:
+    body = pickle.dumps((request_id, message), protocol=pickle.HIGHEST_PROTOCOL)
+    return _LENGTH.pack(len(body)) + body
+
+
+def body_size(header: bytes) -> int:
+    (size,) = _LENGTH.unpack(header)
+    return int(size)
+
+
+def unframe(body: bytes) -> tuple[int, Any]:
+    request_id, message = pickle.loads(body)  # our own child's socketpair: see the module docstring
+    return int(request_id), message
+
+
+def split_frames(buffer: bytearray) -> list[tuple[int, Any]]:
+    """The complete frames at the start of `buffer`, removed from it; an incomplete one stays."""
+    out: list[tuple[int, Any]] = []
+    start = 0
+    while len(buffer) - start >= HEADER_SIZE:
+        size = body_size(bytes(buffer[start : start + HEADER_SIZE]))
+        end = start + HEADER_SIZE + size
+        if len(buffer) < end:
+            break
+        out.append(unframe(bytes(buffer[start + HEADER_SIZE : end])))
+        start = end
+    del buffer[:start]
+    return out

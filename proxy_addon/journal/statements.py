@@ -1,0 +1,142 @@
+"""The hot path's SQL, written once for both databases and run over the driver itself (sqlite3, psycopg 3).
+
+Why not SQLAlchemy here: its per-execution Python (parameter processing, execution context, result rows) was
+the largest single cost of a journaled write (issue 15: ~2.4-2.9 ms of the proxy's CPU per request). These are
+the statements store/receipts.py builds with SQLAlchemy Core for the same decision and the same writes;
+tests/unit/test_journal_statements.py runs both on both databases and compares what they leave behind.
+
+Values go through the models' own column types (their bind and result processors for the dialect), so a row
+written here reads back through SQLAlchemy exactly like one written by the store, and the blocker read here
+is the same ReceiptRecord the store would build.
+"""
+
+import functools
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import ColumnElement, Dialect, Table
+
+from proxy_addon.duplicates import INVALIDATING_METHODS, NOT_HAPPENED_STATES
+from proxy_addon.models import Receipt, ReceiptTransition
+from proxy_addon.records import INTENT_FIELDS, RECEIPT_FIELDS
+from proxy_addon.states import OPEN_STATES, State
+
+_RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
+_TRANSITIONS: Table = ReceiptTransition.__table__  # type: ignore[assignment]
+
+
+def _listed(values: Iterable[str]) -> str:
+    return ", ".join(f"'{v}'" for v in sorted(values))
+
+
+_OPEN = _listed(s.value for s in OPEN_STATES)
+_NOT_HAPPENED = _listed(s.value for s in NOT_HAPPENED_STATES)
+_INVALIDATING = _listed(INVALIDATING_METHODS)
+_SELECTED = ", ".join(f"r.{name}" for name in RECEIPT_FIELDS)
+
+# An Idempotency-Key the agent used before for another request of the same account.
+KEY_MISMATCH = f"""
+SELECT {_SELECTED} FROM receipts r
+WHERE r.account = :account AND r.idempotency_key = :key AND r.intent_fingerprint <> :fingerprint
+LIMIT 1"""
+
+# The open receipt of the same intent.
+OPEN = f"""
+SELECT {_SELECTED} FROM receipts r
+WHERE r.account = :account AND r.intent_fingerprint = :fingerprint AND r.state IN ({_OPEN})
+LIMIT 1"""
+
+# The open receipt of the same intent or, failing one, its latest success since `since` that no later write to
+# its target has invalidated ("later" by the creation rows' history ids: duplicates.py, store/receipts.py).
+OPEN_OR_SUCCEEDED = f"""
+SELECT {_SELECTED} FROM receipts r
+WHERE r.account = :account AND r.intent_fingerprint = :fingerprint
+  AND (r.state IN ({_OPEN})
+       OR (r.state = '{State.SUCCEEDED.value}' AND r.completed_at >= :since
+           AND NOT EXISTS (
+             SELECT 1 FROM receipts later, receipt_transitions later_created, receipt_transitions own_created
+             WHERE later.account = r.account AND later.host = r.host AND later.port = r.port
+               AND later.path = r.path AND later.scheme = r.scheme
+               AND later.method IN ({_INVALIDATING}) AND later.state NOT IN ({_NOT_HAPPENED})
+               AND later_created.operation_id = later.operation_id AND later_created.from_state IS NULL
+               AND own_created.operation_id = r.operation_id AND own_created.from_state IS NULL
+               AND later_created.id > own_created.id)))
+ORDER BY CASE WHEN r.state IN ({_OPEN}) THEN 0 ELSE 1 END, r.completed_at DESC
+LIMIT 1"""
+
+# A new receipt, already `submitted`. Of two writers that decided at once (two proxies on one PostgreSQL), the
+# second finds the first's open receipt in the partial unique index and inserts nothing: it then reads it.
+RECEIPT_COLUMNS = (*INTENT_FIELDS, "state", "created_at", "updated_at", "submitted_at")
+INSERT_RECEIPT = (
+    f"INSERT INTO receipts ({', '.join(RECEIPT_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in RECEIPT_COLUMNS)}) ON CONFLICT DO NOTHING"
+)
+
+TRANSITION_COLUMNS = ("operation_id", "from_state", "to_state", "recorded_at", "detail")
+INSERT_TRANSITION = (
+    f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in TRANSITION_COLUMNS)})"
+)
+
+STATE_OF = "SELECT state FROM receipts WHERE operation_id = :operation_id"
+
+
+@functools.cache
+def compare_and_set(columns: tuple[str, ...]) -> str:
+    """`expected_from -> state` with these columns updated, if the receipt is still in `expected_from`."""
+    assignments = ", ".join(f"{c} = :{c}" for c in ("state", "updated_at", *columns))
+    return f"UPDATE receipts SET {assignments} WHERE operation_id = :operation_id AND state = :expected_from"
+
+
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
+
+
+class DriverStatements:
+    """The statements as one driver takes them, and the columns' value conversions for it."""
+
+    def __init__(self, dialect: Dialect):
+        self.name = dialect.name
+        self._sql: dict[str, str] = {}
+        self._bind = _bind_processors(dialect)
+        self._result = [self._result_of(dialect, name) for name in RECEIPT_FIELDS]
+
+    def sql(self, statement: str) -> str:
+        """`statement` in the driver's parameter style: sqlite3 takes `:name` as written, psycopg `%(name)s`."""
+        converted = self._sql.get(statement)
+        if converted is None:
+            converted = statement if self.name == "sqlite" else _NAMED.sub(r"%(\1)s", statement)
+            self._sql[statement] = converted
+        return converted
+
+    def bound(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The parameters as the driver takes them, each converted by the type of the column it is named after."""
+        out = dict(params)
+        for name, value in params.items():
+            convert = self._bind.get(name)
+            if convert is not None and value is not None:
+                out[name] = convert(value)
+        return out
+
+    def receipt(self, row: tuple[Any, ...]) -> dict[str, Any]:
+        """A selected receipt row (RECEIPT_FIELDS order) as the Python values SQLAlchemy would give."""
+        return {
+            name: (convert(value) if convert is not None and value is not None else value)
+            for name, convert, value in zip(RECEIPT_FIELDS, self._result, row, strict=True)
+        }
+
+    @staticmethod
+    def _result_of(dialect: Dialect, name: str) -> Callable[[Any], Any] | None:
+        return _RECEIPTS.c[name].type.dialect_impl(dialect).result_processor(dialect, None)
+
+
+def _bind_processors(dialect: Dialect) -> dict[str, Callable[[Any], Any]]:
+    """Bind processors by parameter name: the receipts' and the history's columns, and `since` (a timestamp)."""
+    columns: dict[str, ColumnElement[Any]] = {c.name: c for c in (*_TRANSITIONS.c, *_RECEIPTS.c)}
+    columns["since"] = _RECEIPTS.c.completed_at
+    out: dict[str, Callable[[Any], Any]] = {}
+    for name, column in columns.items():
+        processor = column.type.dialect_impl(dialect).bind_processor(dialect)
+        if processor is not None:
+            out[name] = processor
+    return out

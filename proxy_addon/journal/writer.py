@@ -1,0 +1,144 @@
+"""The journal writer: a process of its own that commits the proxy's hot-path writes, many to a commit.
+
+Why a process: under load the proxy's event loop has one core, and its throughput is that core divided by its
+CPU per request. A writer thread shares the proxy's GIL, so journal work in it still costs the proxy's core;
+only another process takes it off (issue 15's measurements). The proxy starts this one (client.py), hands it
+one end of a socketpair, and restarts it if it dies.
+
+Group commit: the writer reads every request waiting on its socket, runs them in one transaction (one fsync on
+SQLite, one WAL flush on PostgreSQL), commits, and only then answers them. If the transaction fails, none of
+it committed: each request then runs alone in a transaction of its own, so that one bad request fails alone
+and the others are still written.
+
+    python -m proxy_addon.journal.writer --fd N    (the proxy runs this; the first frame says which database)
+"""
+
+import argparse
+import os
+import socket
+import sys
+from typing import Any
+
+from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError, StaleStateError
+from proxy_addon.journal.connection import DriverConnection
+from proxy_addon.journal.hot_path import HotPath
+from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Record, Reply, Setup, frame, split_frames
+from proxy_addon.log import configure_logging, get_logger
+
+log = get_logger("receipts.journal_writer")
+RECEIVE_SIZE = 1 << 20
+
+
+class JournalWriter:
+    def __init__(self, database_url: str, max_batch: int):
+        self.connection = DriverConnection(database_url)
+        self.max_batch = max_batch
+        self.proxy_pid = os.getppid()
+
+    def serve(self, sock: socket.socket, buffer: bytearray, requests: list[tuple[int, Any]]) -> None:
+        """Answer `requests`, then what comes, until the proxy closes its end (it stopped, or died)."""
+        while True:
+            for start in range(0, len(requests), self.max_batch):
+                replies = self.run(requests[start : start + self.max_batch])
+                sock.sendall(b"".join(frame(request_id, reply) for request_id, reply in replies))
+            chunk = sock.recv(RECEIVE_SIZE)
+            if not chunk:
+                return
+            buffer += chunk
+            buffer += _waiting(sock)
+            requests = split_frames(buffer)
+
+    def run(self, batch: list[tuple[int, Any]]) -> list[tuple[int, Reply]]:
+        """Every request of `batch` in one transaction, answered after its COMMIT; alone each if that fails."""
+        try:
+            with self.connection.transaction() as conn:
+                hot = HotPath(conn, self.connection.statements)
+                replies = [(request_id, _apply(hot, request)) for request_id, request in batch]
+                if os.getppid() != self.proxy_pid:  # the proxy died: nobody will send these, so commit none
+                    raise SystemExit(0)
+                return replies
+        except Exception as e:  # noqa: BLE001 - nothing of the batch committed: say why, to each or one by one
+            reason = _one_line(e)
+            if len(batch) == 1 or not self.connection.usable:
+                log.error("journal_write_failed", requests=len(batch), error=reason)
+                return [(request_id, Failed("unavailable", f"cannot write the journal: {reason}")) for request_id, _ in batch]
+            return [reply for item in batch for reply in self.run([item])]
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def _apply(hot: HotPath, request: Record | Advance) -> Reply:
+    """One request inside the batch's transaction; what it may refuse is answered, any other error fails the batch."""
+    try:
+        if isinstance(request, Record):
+            blocker = hot.record(request)
+            return Done() if blocker is None else Blocked(blocker)
+        hot.advance(request)
+        return Done()
+    except StaleStateError as e:
+        return Failed("stale", str(e), e.actual)
+    except ReceiptNotFoundError as e:
+        return Failed("not_found", str(e))
+    except JournalUnavailableError as e:
+        return Failed("unavailable", str(e))
+
+
+def _waiting(sock: socket.socket) -> bytes:
+    """What else is already on the socket, without waiting for more."""
+    parts: list[bytes] = []
+    while True:
+        try:
+            chunk = sock.recv(RECEIVE_SIZE, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(getattr(e, "orig", None) or e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _setup_frame(sock: socket.socket, buffer: bytearray) -> tuple[Setup, list[tuple[int, Any]]]:
+    """The setup the proxy sends first, and the requests that came with it."""
+    while True:
+        chunk = sock.recv(RECEIVE_SIZE)
+        if not chunk:
+            raise SystemExit(0)
+        buffer += chunk
+        frames = split_frames(buffer)
+        if frames:
+            _, setup = frames[0]
+            if not isinstance(setup, Setup):
+                raise SystemExit(f"journal writer: the first frame must be its setup, not {type(setup).__name__}")
+            return setup, frames[1:]
+
+
+def serve_socket(sock: socket.socket, configure_log: bool) -> None:
+    """Read the setup frame, then serve: what the process runs, and what a test runs in a thread."""
+    buffer = bytearray()
+    setup, requests = _setup_frame(sock, buffer)
+    if configure_log:
+        configure_logging(setup.log_level, setup.log_format)
+    writer = JournalWriter(setup.database_url, setup.max_batch)
+    try:
+        writer.serve(sock, buffer, requests)
+    finally:
+        writer.close()
+        sock.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m proxy_addon.journal.writer", description=__doc__.splitlines()[0])
+    parser.add_argument("--fd", type=int, required=True, help="this process's end of the proxy's socketpair")
+    args = parser.parse_args(argv)
+    serve_socket(socket.socket(fileno=args.fd), configure_log=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

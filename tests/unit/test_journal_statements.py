@@ -1,0 +1,195 @@
+"""The writer's hot path (journal/statements.py, plain SQL over the driver) is equal in effect to the store's
+general path (store/receipts.py, SQLAlchemy): the same scenario through each, on SQLite and PostgreSQL, gives
+the same decisions, the same rows and the same history; and a receipt the hot path reads is the very record
+the store reads."""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from support.e2e import failing_receipt_writes
+from support.store import S, fp, intent
+
+from proxy_addon.config import AfterSuccess
+from proxy_addon.db import make_engine
+from proxy_addon.exceptions import DuplicateIntentError, JournalUnavailableError, ReceiptNotFoundError, StaleStateError
+from proxy_addon.journal.connection import DriverConnection
+from proxy_addon.journal.hot_path import HotPath
+from proxy_addon.journal.messages import Advance, Record
+from proxy_addon.records import Blocker, Intent, ReceiptRecord
+from proxy_addon.store import ReceiptStore
+
+REPLAY = AfterSuccess(policy="replay", window=3600)
+ALLOW = AfterSuccess(policy="allow")
+ANSWER = {
+    "status_code": 201,
+    "external_id": "a-7",
+    "response_headers": [["content-type", "application/json"], ["set-cookie", "[REDACTED]"]],
+    "response_body": b'{"id": "a-7"}',
+    "response_body_truncated": False,
+    "response_body_redacted": True,
+}
+Outcome = tuple[str, ...]
+
+
+class General:
+    """The store's general path."""
+
+    def __init__(self, store: ReceiptStore):
+        self.store = store
+
+    def record(self, it: Intent, after_success: AfterSuccess) -> Outcome:
+        try:
+            self.store.receipts.record_and_submit(it, after_success, "me")
+        except DuplicateIntentError as e:
+            return ("blocked", e.blocker.kind.value, e.blocker.receipt.operation_id)
+        return ("recorded",)
+
+    def advance(self, op: str, to: S, updates: dict[str, Any]) -> Outcome:
+        try:
+            self.store.receipts.transition(op, S.SUBMITTED, to, {"who": "me"}, **updates)
+        except StaleStateError as e:
+            return ("stale", str(e.actual))
+        except ReceiptNotFoundError:
+            return ("not_found",)
+        return ("advanced",)
+
+
+class Hot:
+    """The writer's hot path, each call in a transaction of its own."""
+
+    def __init__(self, url: str):
+        self.connection = DriverConnection(url)
+        self.blockers: list[Blocker] = []
+
+    def _in_transaction[T](self, work: Callable[[HotPath], T]) -> T:
+        with self.connection.transaction() as conn:
+            return work(HotPath(conn, self.connection.statements))
+
+    def record(self, it: Intent, after_success: AfterSuccess) -> Outcome:
+        blocker = self._in_transaction(lambda hot: hot.record(Record(it, after_success, "me")))
+        if blocker is None:
+            return ("recorded",)
+        self.blockers.append(blocker)
+        return ("blocked", blocker.kind.value, blocker.receipt.operation_id)
+
+    def advance(self, op: str, to: S, updates: dict[str, Any]) -> Outcome:
+        try:
+            self._in_transaction(lambda hot: hot.advance(Advance(op, S.SUBMITTED.value, to.value, {"who": "me"}, updates)))
+        except StaleStateError as e:
+            return ("stale", str(e.actual))
+        except ReceiptNotFoundError:
+            return ("not_found",)
+        return ("advanced",)
+
+
+def scenario(path: General | Hot, account: str) -> tuple[list[Outcome], dict[str, str]]:
+    """Every decision the hot path makes: new, open, key reused, success replayed or allowed, invalidated by a
+    later write to the target; every kind of column a receipt holds. Returns the outcomes, op ids by label."""
+    ops: dict[str, str] = {}
+    out: list[Outcome] = []
+    same, other = fp(), fp()
+
+    def new(label: str, fingerprint: str, **kw: Any) -> Intent:
+        it = intent(fingerprint, account=account, proxy_instance="me", **kw)
+        ops[label] = it.operation_id
+        return it
+
+    full = {"query": "b=2&a=1", "request_headers": {"content-type": "application/json", "authorization": "[REDACTED]"},
+            "request_body": b'{"t": "x"}', "request_body_size": 10, "request_body_truncated": True, "body_note": "note"}
+    out.append(path.record(new("a", same, idempotency_key="k-1", **full), REPLAY))
+    out.append(path.record(new("a-again", same), REPLAY))
+    out.append(path.record(new("key-reused", other, idempotency_key="k-1"), REPLAY))
+    out.append(path.advance(ops["a"], S.SUCCEEDED, ANSWER))
+    out.append(path.advance(ops["a"], S.REJECTED, {"error_code": "x"}))
+    out.append(path.advance("op_missing", S.SUCCEEDED, {}))
+    out.append(path.record(new("a-replayed", same), REPLAY))
+    out.append(path.record(new("a-refused", same), AfterSuccess(policy="refuse", window=60)))
+    out.append(path.record(new("a2", same), ALLOW))
+    out.append(path.record(new("a2-again", same), REPLAY))
+    out.append(path.advance(ops["a2"], S.OUTCOME_UNKNOWN, {"status_code": 503, "error_code": "upstream_5xx", "error_message": "m"}))
+    target = fp()
+    out.append(path.record(new("post", target, path="/t"), REPLAY))
+    out.append(path.advance(ops["post"], S.SUCCEEDED, {"status_code": 201}))
+    out.append(path.record(new("put", fp(), method="PUT", path="/t"), REPLAY))
+    out.append(path.advance(ops["put"], S.SUCCEEDED, {"status_code": 200}))
+    out.append(path.record(new("post-again", target, path="/t"), REPLAY))  # the PUT ended its replay window
+    return out, ops
+
+
+def labelled(outcomes: list[Outcome], ops: dict[str, str]) -> list[Outcome]:
+    label = {op: name for name, op in ops.items()}
+    return [tuple(label.get(part, part) for part in o) for o in outcomes]
+
+
+def stored(store: ReceiptStore, ops: dict[str, str]) -> dict[str, Any]:
+    """What the journal holds for these receipts, with what differs by nature (ids, times, account) normalised."""
+    label = {op: name for name, op in ops.items()}
+    out: dict[str, Any] = {}
+    for name, op in ops.items():
+        try:
+            receipt = store.receipts.get(op)
+        except ReceiptNotFoundError:
+            out[name] = None
+            continue
+        row = dataclasses.asdict(receipt)
+        for key, value in row.items():
+            if key.endswith("_at") and key != "lease_expires_at":
+                row[key] = value is not None
+        row.update(operation_id=name, account=None, intent_fingerprint=None,
+                   idempotency_key=label.get(row["idempotency_key"], row["idempotency_key"]))
+        history = [(t.from_state, t.to_state, {k: v for k, v in t.detail.items() if k != "fingerprint"})
+                   for t in store.receipts.history(op)]
+        ordered = [t.id for t in store.receipts.history(op)] == sorted(t.id for t in store.receipts.history(op))
+        out[name] = (row, history, ordered)
+    return out
+
+
+@pytest.fixture
+def both(migrated_url: str):
+    engine = make_engine(migrated_url)
+    hot = Hot(migrated_url)
+    try:
+        yield ReceiptStore(engine), hot
+    finally:
+        hot.connection.close()
+        engine.dispose()
+
+
+def test_the_hot_path_decides_and_writes_as_the_general_path(both):
+    store, hot = both
+    general_outcomes, general_ops = scenario(General(store), "acct:general")
+    hot_outcomes, hot_ops = scenario(hot, "acct:hot")
+    assert labelled(hot_outcomes, hot_ops) == labelled(general_outcomes, general_ops)
+    assert ("blocked", "key_mismatch", "a") in labelled(hot_outcomes, hot_ops)  # the scenario covers each decision
+    assert {o[1] for o in hot_outcomes if o[0] == "blocked"} == {"open", "succeeded", "key_mismatch"}
+    assert labelled(general_outcomes, general_ops)[-1] == ("recorded",)
+    assert stored(store, hot_ops) == stored(store, general_ops)
+
+
+def test_a_blocker_read_by_the_hot_path_is_the_record_the_store_reads(both):
+    store, hot = both
+    scenario(hot, "acct:hot")
+    assert len(hot.blockers) >= 5
+    for blocker in hot.blockers:
+        assert isinstance(blocker.receipt, ReceiptRecord)
+        assert blocker.receipt == store.receipts.get(blocker.receipt.operation_id) or blocker.receipt.state != "succeeded"
+    replayed = [b.receipt for b in hot.blockers if b.receipt.state == "succeeded"]
+    assert replayed and replayed[0] == store.receipts.get(replayed[0].operation_id)
+    assert replayed[0].response_header_pairs() == [("content-type", "application/json"), ("set-cookie", "[REDACTED]")]
+    assert replayed[0].response_body == b'{"id": "a-7"}' and replayed[0].created_at.tzinfo is not None
+
+
+@pytest.mark.parametrize("path", ["general", "hot"])
+def test_submitted_is_one_commit_with_both_history_rows(both, migrated_url, path):
+    """If the `planned -> submitted` row cannot be written, nothing of the receipt is: no `planned` left behind."""
+    store, hot = both
+    it = intent(proxy_instance="me")
+    refused = failing_receipt_writes(migrated_url, "INSERT", "NEW.to_state = 'submitted'", table="receipt_transitions")
+    with refused, pytest.raises(Exception) as e:
+        General(store).record(it, REPLAY) if path == "general" else hot.record(it, REPLAY)
+    assert path == "hot" or isinstance(e.value, JournalUnavailableError)
+    with pytest.raises(ReceiptNotFoundError):
+        store.receipts.get(it.operation_id)
+    assert store.receipts.history(it.operation_id) == []
