@@ -72,7 +72,13 @@ class Processes:
 
 
 def bench_env(database_url: str | None = None) -> dict[str, str]:
+    """The children's environment: no proxy variables, and this checkout's code first on the path.
+
+    The `receipts` script next to the interpreter imports `proxy_addon` through the venv's editable install,
+    which may point at another checkout (a git worktree sharing the venv); PYTHONPATH takes precedence over it.
+    """
     env = {k: v for k, v in os.environ.items() if k.lower() not in PROXY_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     env["RECEIPTS_SECRET"] = BENCH_SECRET
     env["PYTHONUNBUFFERED"] = "1"
     if database_url:
