@@ -11,7 +11,7 @@ from processes import BenchError, Process, start_mitmdump, start_receipts_proxy,
 from profiling import profile
 from session import Row, Session
 from targets import Target
-from usage import LevelUsage, mib, proc_status
+from usage import PgServerUsage, ProxyLevelUsage, mib, proc_status
 
 LOAD_RESULT_KEYS = ("requests", "ok", "errors", "rps", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms", "elapsed_s")
 
@@ -107,7 +107,8 @@ class TargetRun:
             "growth": self.growth,
             "loadavg_1m": round(os.getloadavg()[0], 2),
         }
-        usage = LevelUsage(self.proc.pid) if self.proc is not None else None
+        usage = ProxyLevelUsage(self.proc.pid, self.target.kind == "receipts") if self.proc is not None else None
+        server = PgServerUsage(self.db.name) if self.db is not None and self.db.kind == "postgres" else None
         with usage or contextlib.nullcontext():
             result = self.load(self.args.requests, concurrency, prefix + "/m")
         self.sent += self.args.requests
@@ -117,7 +118,9 @@ class TargetRun:
             row["errors"] += warm["errors"]
             row["error_kinds"] = {**row["error_kinds"], **{f"warmup {k}": v for k, v in warm["error_kinds"].items()}}
         if usage is not None:
-            row["proxy"] = usage.summary(result["ok"], result["elapsed_s"])
+            row.update(usage.summary(result["ok"], result["elapsed_s"]))
+        if server is not None:
+            row["postgres_server"] = server.summary(result["ok"])
         if self.db is not None:
             row["verify"] = self.verify_level(self.db, concurrency, prefix + "/m")
         if row["errors"]:
@@ -160,8 +163,10 @@ class TargetRun:
 
 
 def progress_line(row: Row) -> str:
-    proxy = row.get("proxy")
+    proxy, writer = row.get("proxy"), row.get("writer")
     usage = f", proxy peak {proxy['peak_rss_mib']} MiB, {proxy['cpu_ms_per_request']} ms CPU/req" if proxy else ""
+    if writer:
+        usage += f", writer {writer['cpu_ms_per_request']} ms CPU/req"
     return (
         f"{row['label']:<24} g={row['growth']:<8} c={row['concurrency']:<3} {row['rps']:>9.1f} req/s  "
         f"p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  errors {row['errors']}{usage}"

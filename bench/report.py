@@ -95,7 +95,7 @@ def goal(target: str, text: str, value: float, met: bool) -> Row:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    lines = header(doc) + runs_table(doc) + goals_table(doc) + memory_table(doc) + growth_table(doc)
+    lines = header(doc) + runs_table(doc) + cpu_table(doc) + goals_table(doc) + memory_table(doc) + growth_table(doc)
     lines += profile_lines(doc)
     verified = "every level's receipts matched (N succeeded, 3N transitions)" if doc["ok"] else "FAILED"
     lines += ["", "verification: " + verified]
@@ -129,7 +129,7 @@ def runs_table(doc: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ratio = {(r["target"], r["concurrency"]): r for r in doc["ratios"]}
-    for r in sorted(doc["runs"], key=lambda r: (r["concurrency"], list(TARGETS).index(r["target"]))):
+    for r in sorted_runs(doc["runs"]):
         p = r.get("proxy") or {}
         rr = ratio.get((r["target"], r["concurrency"]))
         lines.append(
@@ -138,6 +138,39 @@ def runs_table(doc: dict[str, Any]) -> list[str]:
             f"{rr['throughput_ratio'] if rr else ''} | {ms(rr['added_p50_ms']) if rr else ''} |"
         )
     return lines
+
+
+def cpu_table(doc: dict[str, Any]) -> list[str]:
+    """CPU per request of each proxy, its journal writer (empty if it runs none) and the PostgreSQL server."""
+    runs = [r for r in sorted_runs(doc["runs"]) if r.get("proxy")]
+    if not runs:
+        return []
+    lines = [
+        "",
+        (
+            "| CPU per request | c | proxy CPU ms/req | writer CPU ms/req | proxy+writer CPU ms/req | writer peak RSS MiB "
+            "| PostgreSQL CPU ms/req |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        writer = r.get("writer") or {}
+        server = r.get("postgres_server") or {}
+        lines.append(
+            f"| {r['label']} | {r['concurrency']} | {cell(r['proxy'].get('cpu_ms_per_request'))} "
+            f"| {cell(writer.get('cpu_ms_per_request'))} | {cell(r.get('proxy_writer_cpu_ms_per_request'))} "
+            f"| {cell(writer.get('peak_rss_mib'))} | {cell(server.get('cpu_ms_per_request'))} |"
+        )
+    return lines
+
+
+def sorted_runs(runs: list[Row]) -> list[Row]:
+    """By concurrency, then in target order."""
+    return sorted(runs, key=lambda r: (r["concurrency"], list(TARGETS).index(r["target"])))
+
+
+def cell(v: object) -> str:
+    return "" if v is None else str(v)
 
 
 def goals_table(doc: dict[str, Any]) -> list[str]:
