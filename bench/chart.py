@@ -4,11 +4,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from report import RECEIPTS_TARGETS, find_run
+from report import find_run
 from session import Row
-from targets import TARGETS
+from targets import RECEIPTS_TARGETS, TARGETS
 
-COLOURS = {"direct": "#7f7f7f", "mitmdump": "#1f77b4", "sqlite": "#2ca02c", "postgres": "#d62728"}
+COLOURS = {"direct": "#7f7f7f", "mitmdump": "#1f77b4", "sqlite": "#2ca02c", "postgres": "#d62728", "postgres-2": "#9467bd"}
 GROWTH_LINE_STYLES = ("-o", "--s", ":^", "-.d")
 
 Value = Callable[[Row], float | None]
@@ -108,7 +108,7 @@ def latency_bars(ax: Any, runs: list[Row], keys: list[str]) -> None:
 
 
 def growth_lines(ax: Any, growth: list[Row], conc: list[int]) -> None:
-    for k in RECEIPTS_TARGETS:
+    for k in (key for key in RECEIPTS_TARGETS if TARGETS[key].growth):
         for c, style in zip(conc, GROWTH_LINE_STYLES):
             points = sorted(
                 (r["growth"], r["p50_ms"])

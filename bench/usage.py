@@ -127,12 +127,15 @@ class LevelUsage:
 
     def summary(self, ok: int, elapsed_s: float) -> dict[str, Any]:
         if self.gone():
-            return {"pid": self.pid, "gone": True, "cpu_ms_per_request": None, "peak_rss_mib": None}
+            return {"pid": self.pid, "gone": True, "cpu_ms": None, "cpu_ms_per_request": None, "peak_rss_mib": None}
         status = proc_status(self.pid)
         user, system = (after - before for before, after in zip(self.cpu_before, proc_cpu(self.pid), strict=True))
         cpu = user + system
-        requests_ok = max(1, ok)
         samples = self.samples
+
+        def per_request(value: float, scale: float = 1000.0, digits: int = 3) -> float | None:
+            return round(value * scale / ok, digits) if ok > 0 else None
+
         return {
             "pid": self.pid,
             "peak_rss_mib": mib(status.get("VmHWM", 0)),
@@ -142,11 +145,12 @@ class LevelUsage:
             "rss_samples": len(samples),
             "rss_timeline_mib": rss_timeline_mib(samples),
             "threads": status.get("Threads"),
-            "cpu_ms_per_request": round(cpu * 1000 / requests_ok, 3),
-            "cpu_user_ms_per_request": round(user * 1000 / requests_ok, 3),
-            "cpu_system_ms_per_request": round(system * 1000 / requests_ok, 3),
-            "context_switches_per_request": round(
-                (context_switches(status) - context_switches(self.status_before)) / requests_ok, 1
+            "cpu_ms": round(cpu * 1000, 1),
+            "cpu_ms_per_request": per_request(cpu),
+            "cpu_user_ms_per_request": per_request(user),
+            "cpu_system_ms_per_request": per_request(system),
+            "context_switches_per_request": per_request(
+                context_switches(status) - context_switches(self.status_before), scale=1.0, digits=1
             ),
             "cpu_utilisation": round(cpu / elapsed_s, 2) if elapsed_s else None,
         }
