@@ -164,7 +164,7 @@ def proxies_table(doc: dict[str, Any]) -> list[str]:
         return []
     lines = [
         "",
-        "| several proxies: target | c | proxy | requests ok | proxy CPU ms/req | writer CPU ms/req | proxy+writer CPU ms/req |",
+        "| several proxies: target | c | proxy | requests ok (all rounds) | proxy CPU ms/req | writer CPU ms/req | proxy+writer CPU ms/req |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in runs:
