@@ -1,14 +1,15 @@
-"""chart.png: throughput, latency, the proxies' peak memory, and p50 latency against the stored history."""
+"""chart.png: throughput, latency, the proxies' peak memory, CPU per request (proxy, journal writer, PostgreSQL),
+each round's throughput against the median, and p50 latency against the stored history."""
 
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from report import RECEIPTS_TARGETS, find_run
+from report import find_run
 from session import Row
-from targets import TARGETS
+from targets import RECEIPTS_TARGETS, TARGETS
 
-COLOURS = {"direct": "#7f7f7f", "mitmdump": "#1f77b4", "sqlite": "#2ca02c", "postgres": "#d62728"}
+COLOURS = {"direct": "#7f7f7f", "mitmdump": "#1f77b4", "sqlite": "#2ca02c", "postgres": "#d62728", "postgres-2": "#9467bd"}
 GROWTH_LINE_STYLES = ("-o", "--s", ":^", "-.d")
 
 Value = Callable[[Row], float | None]
@@ -22,22 +23,25 @@ def chart(doc: dict[str, Any], path: Path) -> None:
 
     runs = doc["runs"]
     keys = [k for k in TARGETS if any(r["target"] == k for r in runs)]
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 3, figsize=(19, 9))
     bars(axes[0][0], runs, keys, lambda r: r["rps"], "throughput (higher is better; log scale)", "requests/s", log=True)
     latency_bars(axes[0][1], runs, keys)
+    proxied = [k for k in keys if k != "direct"]
     bars(
-        axes[1][0],
+        axes[0][2],
         runs,
-        [k for k in keys if k != "direct"],
+        proxied,
         lambda r: (r.get("proxy") or {}).get("peak_rss_mib"),
         "proxy peak RSS (VmHWM) after the level",
         "MiB",
     )
+    cpu_bars(axes[1][0], runs, proxied)
+    round_points(axes[1][1], runs, keys)
     if any(r["growth"] for r in doc["growth"]):
-        growth_lines(axes[1][1], doc["growth"], concurrency_levels(runs))
+        growth_lines(axes[1][2], doc["growth"], concurrency_levels(runs))
     else:
-        axes[1][1].axis("off")
-        axes[1][1].text(0.5, 0.5, "no growth scenario in this run\n(--growth 0,100000,1000000)", ha="center", va="center")
+        axes[1][2].axis("off")
+        axes[1][2].text(0.5, 0.5, "no growth scenario in this run\n(--growth 0,100000,1000000)", ha="center", va="center")
     m = doc["meta"]
     fig.suptitle(
         f"receipts benchmark {m['run_id']}: {doc['settings']['requests']} POSTs/level; {m['cpu']}, {m['cores']} cores; "
@@ -107,8 +111,65 @@ def latency_bars(ax: Any, runs: list[Row], keys: list[str]) -> None:
     ax.legend(fontsize=8)
 
 
+CPU_PARTS: tuple[tuple[str, Value, float], ...] = (
+    ("proxy", lambda r: (r.get("proxy") or {}).get("cpu_ms_per_request"), 1.0),
+    ("journal writer", lambda r: (r.get("writer") or {}).get("cpu_ms_per_request"), 0.55),
+    ("PostgreSQL server", lambda r: (r.get("postgres_server") or {}).get("cpu_ms_per_request"), 0.25),
+)
+
+
+def cpu_bars(ax: Any, runs: list[Row], keys: list[str]) -> None:
+    """CPU ms per request, stacked: the proxy (solid), its journal writer, the PostgreSQL server (paler)."""
+    conc = concurrency_levels(runs)
+    width = 0.8 / max(1, len(keys))
+    for i, k in enumerate(keys):
+        for j, c in enumerate(conc):
+            r = find_run(runs, k, c)
+            if not r:
+                continue
+            x, bottom = j + bar_offset(i, len(keys), width), 0.0
+            for part, value, alpha in CPU_PARTS:
+                v = value(r)
+                if v:
+                    label = TARGETS[k].label if part == "proxy" and j == 0 else None
+                    ax.bar(x, v, width, bottom=bottom, color=COLOURS[k], alpha=alpha, label=label)
+                    bottom += v
+            if bottom:
+                ax.text(x, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(conc)), [f"concurrency {c}" for c in conc])
+    ax.set_ylabel("CPU ms per request")
+    ax.set_title("CPU per request: proxy (solid), journal writer, PostgreSQL server (paler, stacked)")
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.35)
+    ax.legend(fontsize=8, loc="upper left", ncols=2)
+
+
+def round_points(ax: Any, runs: list[Row], keys: list[str]) -> None:
+    """Each round's req/s over the median of its target and level: how much the interleaved rounds spread."""
+    conc = concurrency_levels(runs)
+    width = 0.8 / max(1, len(keys))
+    for i, k in enumerate(keys):
+        for j, c in enumerate(conc):
+            r = find_run(runs, k, c)
+            if not r or not r["rps"]:
+                continue
+            x = j + bar_offset(i, len(keys), width)
+            rounds = r.get("rps_rounds") or [r["rps"]]
+            ax.plot(
+                [x] * len(rounds),
+                [v / r["rps"] for v in rounds],
+                "o",
+                color=COLOURS[k],
+                label=TARGETS[k].label if j == 0 else None,
+            )
+    ax.axhline(1.0, color="#999999", linewidth=0.8)
+    ax.set_xticks(range(len(conc)), [f"concurrency {c}" for c in conc])
+    ax.set_ylabel("round req/s / median req/s")
+    ax.set_title("the rounds: each one's throughput against the median")
+    ax.legend(fontsize=8)
+
+
 def growth_lines(ax: Any, growth: list[Row], conc: list[int]) -> None:
-    for k in RECEIPTS_TARGETS:
+    for k in (key for key in RECEIPTS_TARGETS if TARGETS[key].growth):
         for c, style in zip(conc, GROWTH_LINE_STYLES):
             points = sorted(
                 (r["growth"], r["p50_ms"])

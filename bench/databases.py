@@ -95,6 +95,11 @@ class Db:
             with psycopg.connect(libpq_url(self.url), connect_timeout=5) as pg_conn:
                 yield pg_conn
 
+    @property
+    def name(self) -> str:
+        """The PostgreSQL database's name, or the SQLite file's."""
+        return make_url(self.url).database or ""
+
     def with_placeholders(self, sql: str) -> str:
         return sql if self.kind == "sqlite" else sql.replace("?", "%s")
 

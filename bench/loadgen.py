@@ -220,7 +220,7 @@ class Phase:
             "p99_ms": ms(percentile(lat, 99)),
             "max_ms": ms(lat[-1] if lat else None),
             "mean_ms": ms(sum(lat) / ok if ok else None),
-        }
+        } | ({"latencies_ms": [ms(v) for v in lat]} if self.args.latencies else {})
 
 
 async def amain(args: argparse.Namespace) -> dict[str, Any]:
@@ -248,6 +248,7 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=300.0, help="per phase: stop sending after this many seconds")
     p.add_argument("--expect-status", type=int, default=201)
     p.add_argument("--expect-header", default="", help="NAME=VALUE every answer must carry, else an error")
+    p.add_argument("--latencies", action="store_true", help="add every successful request's latency, sorted, in ms")
     args = p.parse_args()
     if args.requests < 0 or args.concurrency < 1:
         p.error("--requests must be >= 0 and --concurrency >= 1")

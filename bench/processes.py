@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,13 @@ class Processes:
 
 
 def bench_env(database_url: str | None = None) -> dict[str, str]:
+    """The children's environment: no proxy variables, and this checkout's code first on the path.
+
+    The `receipts` script next to the interpreter imports `proxy_addon` through the venv's editable install,
+    which may point at another checkout (a git worktree sharing the venv); PYTHONPATH takes precedence over it.
+    """
     env = {k: v for k, v in os.environ.items() if k.lower() not in PROXY_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))])
     env["RECEIPTS_SECRET"] = BENCH_SECRET
     env["PYTHONUNBUFFERED"] = "1"
     if database_url:
@@ -185,25 +192,77 @@ def write_proxy_config(tmp: Path, target_key: str, database_url: str) -> Path:
     return path
 
 
-def run_loadgen(
-    port: int, *, requests: int, concurrency: int, prefix: str, run_id: str, upstream_port: int | None, expect_receipt: bool
-) -> dict[str, Any]:
-    """bench/loadgen.py's measured phase; `upstream_port` makes it talk to `port` as a forward proxy."""
-    deadline = max(60.0, requests * 0.05)
+@dataclass(frozen=True)
+class LoadSpec:
+    """One load client's share of a level: where it sends, how much, how concurrently, under which path prefix."""
+
+    port: int
+    requests: int
+    concurrency: int
+    prefix: str
+
+
+def loadgen_cmd(spec: LoadSpec, run_id: str, upstream_port: int | None, expect_receipt: bool, latencies: bool) -> list[str]:
     cmd = [
         sys.executable,
         str(BENCH / "loadgen.py"),
-        *("--port", str(port), "--requests", str(requests), "--concurrency", str(concurrency)),
-        *("--prefix", prefix, "--run-id", run_id, "--deadline", str(deadline), "--timeout", "30"),
+        *("--port", str(spec.port), "--requests", str(spec.requests), "--concurrency", str(spec.concurrency)),
+        *("--prefix", spec.prefix, "--run-id", run_id, "--deadline", str(loadgen_deadline(spec.requests)), "--timeout", "30"),
     ]
     if upstream_port is not None:
         cmd += ["--proxy", "--upstream-port", str(upstream_port)]
     if expect_receipt:
         cmd += ["--expect-header", "x-receipt-state=succeeded"]
+    if latencies:
+        cmd.append("--latencies")
+    return cmd
+
+
+def loadgen_deadline(requests: int) -> float:
+    return max(60.0, requests * 0.05)
+
+
+def run_loadgen(
+    port: int, *, requests: int, concurrency: int, prefix: str, run_id: str, upstream_port: int | None, expect_receipt: bool
+) -> dict[str, Any]:
+    """bench/loadgen.py's measured phase; `upstream_port` makes it talk to `port` as a forward proxy."""
+    spec = LoadSpec(port, requests, concurrency, prefix)
+    return run_loadgens([spec], run_id=run_id, upstream_port=upstream_port, expect_receipt=expect_receipt)[0]
+
+
+def run_loadgens(
+    specs: list[LoadSpec], *, run_id: str, upstream_port: int | None, expect_receipt: bool, latencies: bool = False
+) -> list[dict[str, Any]]:
+    """One load client per spec, all at the same time; their measured phases, in order.
+
+    `latencies` adds each client's sorted latencies (`latencies_ms`), so that percentiles can be taken over
+    several clients' requests together.
+    """
+    timeout = max(loadgen_deadline(s.requests) for s in specs) + 60
+    clients: list[Process] = []
     try:
-        done = subprocess.run(cmd, capture_output=True, timeout=deadline + 60, cwd=REPO, env=bench_env(), check=False)
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"load client did not finish within {deadline + 60:.0f}s") from None
-    if done.returncode != 0:
-        raise BenchError(f"load client failed ({done.returncode}): {done.stderr.decode(errors='replace')[-800:]}")
-    return json.loads(done.stdout)["measured"]
+        for spec in specs:
+            cmd = loadgen_cmd(spec, run_id, upstream_port, expect_receipt, latencies)
+            clients.append(
+                subprocess.Popen(
+                    cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=REPO, env=bench_env()
+                )
+            )
+        limit = time.monotonic() + timeout
+        outputs = []
+        for client in clients:
+            try:
+                outputs.append(client.communicate(timeout=max(1.0, limit - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                raise BenchError(f"load client did not finish within {timeout:.0f}s") from None
+    finally:
+        for client in clients:
+            if client.poll() is None:
+                client.kill()
+                client.communicate()
+    results = []
+    for client, (stdout, stderr) in zip(clients, outputs):
+        if client.returncode != 0:
+            raise BenchError(f"load client failed ({client.returncode}): {stderr.decode(errors='replace')[-800:]}")
+        results.append(json.loads(stdout)["measured"])
+    return results

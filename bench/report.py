@@ -4,10 +4,9 @@ from typing import Any
 
 from machine import machine
 from session import Row, Session
-from targets import TARGETS
+from targets import RECEIPTS_TARGETS, TARGETS
 
 MiB = 1024 * 1024
-RECEIPTS_TARGETS = ("sqlite", "postgres")
 
 
 def document(session: Session, seconds: float) -> dict[str, Any]:
@@ -17,6 +16,7 @@ def document(session: Session, seconds: float) -> dict[str, Any]:
         "settings": {
             "requests": args.requests,
             "concurrency": args.concurrency,
+            "rounds": args.rounds,
             "warmup": args.warmup,
             "growth": args.growth,
             "targets": args.targets,
@@ -24,6 +24,7 @@ def document(session: Session, seconds: float) -> dict[str, Any]:
             "body": "POST, ~90-byte unique JSON; upstream answers 201 with a ~20-byte JSON body",
         },
         "runs": session.runs,
+        "rounds": session.rounds,
         "targets": session.targets_info,
         "ratios": ratios(session.runs),
         "goals": goals(session.runs),
@@ -35,12 +36,12 @@ def document(session: Session, seconds: float) -> dict[str, Any]:
 
 
 def find_run(runs: list[Row], target: str, concurrency: int) -> Row | None:
-    """The run of `target` at `concurrency` on an empty history."""
+    """The run of `target` at `concurrency` on an empty history (the median of its rounds)."""
     return next((r for r in runs if r["target"] == target and r["concurrency"] == concurrency and r["growth"] == 0), None)
 
 
 def ratios(runs: list[Row]) -> list[Row]:
-    """Each receipts target against (b) mitmdump at the same concurrency."""
+    """Each receipts target against (b) mitmdump at the same concurrency, from the medians of their rounds."""
     out = []
     for c in sorted({r["concurrency"] for r in runs}):
         b = find_run(runs, "mitmdump", c)
@@ -95,7 +96,8 @@ def goal(target: str, text: str, value: float, met: bool) -> Row:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    lines = header(doc) + runs_table(doc) + goals_table(doc) + memory_table(doc) + growth_table(doc)
+    lines = header(doc) + runs_table(doc) + cpu_table(doc) + proxies_table(doc) + goals_table(doc) + memory_table(doc)
+    lines += growth_table(doc)
     lines += profile_lines(doc)
     verified = "every level's receipts matched (N succeeded, 3N transitions)" if doc["ok"] else "FAILED"
     lines += ["", "verification: " + verified]
@@ -116,28 +118,96 @@ def header(doc: dict[str, Any]) -> list[str]:
             f"; load average at end {m['loadavg_at_end']}; git {m['git'].get('commit')}{modified}"
         ),
         f"{s['requests']} POSTs per level after {s['warmup']} warm-up; {m['durability']}.",
+        rounds_line(s.get("rounds", 1)),
         "",
     ]
+
+
+def rounds_line(rounds: int) -> str:
+    if rounds == 1:
+        return "One round: each target measured once per level."
+    return (
+        f"{rounds} rounds, interleaved (per level, each target in turn, {rounds} times): req/s, latencies and CPU "
+        "are the medians of the rounds (req/s rounds: each round's), ratios to (b) from the medians."
+    )
 
 
 def runs_table(doc: dict[str, Any]) -> list[str]:
     lines = [
         (
-            "| target | c | req/s | p50 ms | p99 ms | errors | proxy peak RSS MiB | proxy CPU ms/req "
+            "| target | c | req/s | req/s rounds | p50 ms | p99 ms | errors | proxy peak RSS MiB | proxy CPU ms/req "
             "| vs (b) req/s | added p50 ms vs (b) |"
         ),
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ratio = {(r["target"], r["concurrency"]): r for r in doc["ratios"]}
-    for r in sorted(doc["runs"], key=lambda r: (r["concurrency"], list(TARGETS).index(r["target"]))):
+    for r in sorted_runs(doc["runs"]):
         p = r.get("proxy") or {}
         rr = ratio.get((r["target"], r["concurrency"]))
         lines.append(
-            f"| {r['label']} | {r['concurrency']} | {r['rps']:.0f} | {ms(r['p50_ms'])} | {ms(r['p99_ms'])} "
+            f"| {r['label']} | {r['concurrency']} | {r['rps']:.0f} | {each_round(r)} | {ms(r['p50_ms'])} | {ms(r['p99_ms'])} "
             f"| {r['errors']} | {p.get('peak_rss_mib', '')} | {p.get('cpu_ms_per_request', '')} | "
             f"{rr['throughput_ratio'] if rr else ''} | {ms(rr['added_p50_ms']) if rr else ''} |"
         )
     return lines
+
+
+def each_round(run: Row) -> str:
+    rounds = run.get("rps_rounds") or []
+    return " / ".join(f"{x:.0f}" for x in rounds) if len(rounds) > 1 else ""
+
+
+def proxies_table(doc: dict[str, Any]) -> list[str]:
+    """The targets with several proxies, (e): each proxy's share of the load and CPU per its own requests."""
+    runs = [r for r in sorted_runs(doc["runs"]) if r.get("proxies")]
+    if not runs:
+        return []
+    lines = [
+        "",
+        "| several proxies: target | c | proxy | requests ok (all rounds) | proxy CPU ms/req | writer CPU ms/req | proxy+writer CPU ms/req |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        for i, p in enumerate(r["proxies"], start=1):
+            proxy, writer = p.get("proxy") or {}, p.get("writer") or {}
+            lines.append(
+                f"| {r['label']} | {r['concurrency']} | {i} | {p['ok']} | {cell(proxy.get('cpu_ms_per_request'))} "
+                f"| {cell(writer.get('cpu_ms_per_request'))} | {cell(p.get('proxy_writer_cpu_ms_per_request'))} |"
+            )
+    return lines
+
+
+def cpu_table(doc: dict[str, Any]) -> list[str]:
+    """CPU per request of each proxy, its journal writer (empty if it runs none) and the PostgreSQL server."""
+    runs = [r for r in sorted_runs(doc["runs"]) if r.get("proxy")]
+    if not runs:
+        return []
+    lines = [
+        "",
+        (
+            "| CPU per request | c | proxy CPU ms/req | writer CPU ms/req | proxy+writer CPU ms/req | writer peak RSS MiB "
+            "| PostgreSQL CPU ms/req |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        writer = r.get("writer") or {}
+        server = r.get("postgres_server") or {}
+        lines.append(
+            f"| {r['label']} | {r['concurrency']} | {cell(r['proxy'].get('cpu_ms_per_request'))} "
+            f"| {cell(writer.get('cpu_ms_per_request'))} | {cell(r.get('proxy_writer_cpu_ms_per_request'))} "
+            f"| {cell(writer.get('peak_rss_mib'))} | {cell(server.get('cpu_ms_per_request'))} |"
+        )
+    return lines
+
+
+def sorted_runs(runs: list[Row]) -> list[Row]:
+    """By concurrency, then in target order."""
+    return sorted(runs, key=lambda r: (r["concurrency"], list(TARGETS).index(r["target"])))
+
+
+def cell(v: object) -> str:
+    return "" if v is None else str(v)
 
 
 def goals_table(doc: dict[str, Any]) -> list[str]:
@@ -159,10 +229,13 @@ def memory_table(doc: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|",
     ]
     for v in proxies:
-        lines.append(
-            f"| {v['label']} (history {v['growth']}) | {v.get('rss_idle_mib', '')} | {v['peak_rss_mib']} "
-            f"| {v.get('rss_end_mib', '')} | {v.get('requests_sent', '')} |"
-        )
+        for i, p in enumerate(v.get("proxies") or [v], start=1):
+            which = f", proxy {i}" if v.get("proxies") else ""
+            sent = "" if i > 1 else f"{v.get('requests_sent', '')}{' (all its proxies)' if which else ''}"
+            lines.append(
+                f"| {v['label']} (history {v['growth']}{which}) | {p.get('rss_idle_mib', '')} | {p.get('peak_rss_mib', '')} "
+                f"| {p.get('rss_end_mib', '')} | {sent} |"
+            )
     return lines
 
 

@@ -2,9 +2,9 @@
 
 One command (loopback only; every process it starts is stopped in a finally block):
 
-    .venv/bin/python bench/run.py [--requests 3000] [--concurrency 1,32] [--growth 0,100000,1000000]
-                                  [--targets direct,mitmdump,sqlite,postgres] [--profile 15] [--out bench/results]
-    .venv/bin/python bench/run.py --smoke --out /tmp/x      # tiny: 200 requests, c=1,8, SQLite + mitmdump
+    .venv/bin/python bench/run.py [--requests 3000] [--concurrency 1,32] [--rounds 3] [--growth 0,100000,1000000]
+                                  [--targets direct,mitmdump,sqlite,postgres,postgres-2] [--profile 15] [--out bench/results]
+    .venv/bin/python bench/run.py --smoke --out /tmp/x      # tiny: 200 requests, c=1,8, 1 round, SQLite + mitmdump
 
 It starts a raw-asyncio HTTP/1.1 keep-alive upstream (bench/upstream.py, its own process), then drives the
 same bounded load of POSTs with small unique JSON bodies with a raw-asyncio keep-alive client
@@ -12,13 +12,18 @@ same bounded load of POSTs with small unique JSON bodies with a raw-asyncio keep
   (a) direct     the upstream itself,
   (b) mitmdump   plain `mitmdump` with no addon,
   (c) sqlite     `receipts proxy` on a fresh, migrated SQLite file (WAL, synchronous=FULL),
-  (d) postgres   `receipts proxy` on a fresh, migrated PostgreSQL database.
-Each level is preceded by an unmeasured warm-up. For the proxies it samples the process's RSS and peak
-RSS (/proc/PID/status VmRSS, VmHWM) and CPU time (/proc/PID/stat). After each level on (c) and (d) it checks
-in the database that exactly N receipts with that level's path prefix exist, all `succeeded`, with 3N
-transitions. The growth scenario (--growth) repeats (c) and (d) with that many synthetic terminal receipts
-(and their transitions) bulk-inserted first. --profile S records the receipts proxy on SQLite with py-spy for
-S seconds under concurrency-32 load and summarises where the time goes.
+  (d) postgres   `receipts proxy` on a fresh, migrated PostgreSQL database,
+  (e) postgres-2 two `receipts proxy` processes on another fresh PostgreSQL database, the load split across them.
+Every target's processes are started once; then, for each concurrency level, --rounds times each target in
+turn (interleaved, so that the machine's noise falls on all of them alike); the report gives each target and
+level the median of its rounds. Each level is preceded by an unmeasured warm-up. For the proxies it samples
+the process's RSS and peak RSS (/proc/PID/status VmRSS, VmHWM) and CPU time (/proc/PID/stat), and the same for
+the proxy's journal writer child if it runs one, and the PostgreSQL server's CPU for the bench database. After
+each level on (c)-(e) it checks in the database that exactly N receipts with that level and round's path prefix
+exist, all `succeeded`, with 3N transitions. The growth scenario (--growth) repeats (c) and (d), one round per
+level, with that many synthetic terminal receipts (and their transitions) bulk-inserted first. --profile S
+records the receipts proxy on SQLite with py-spy for S seconds under concurrency-32 load and summarises where
+the time goes.
 
 Writes OUT/results.json, OUT/chart.png (not in --smoke), OUT/logs/, OUT/profile-*.txt|.md; prints a
 Markdown report. Exits 1 if any request failed or a receipt count is wrong, 2 on bad usage.
@@ -41,6 +46,7 @@ from databases import pg_drop
 from levels import run_target
 from processes import REPO, BenchError, start_upstream
 from report import document, markdown
+from rounds import run_interleaved
 from session import Row, Session
 from targets import TARGETS, Target
 
@@ -70,19 +76,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_targets(session: Session) -> None:
-    """Every target on an empty history, then the receipts targets on each --growth history."""
+    """Every target on an empty history (interleaved rounds), then (c) and (d) on each --growth history."""
     args = session.args
     session.upstream_port = start_upstream(session.procs, session.logs, args.max_runtime)
     print(
         f"upstream on 127.0.0.1:{session.upstream_port}; {args.requests} requests per level, "
-        f"concurrency {args.concurrency}, warm-up {args.warmup}",
+        f"concurrency {args.concurrency}, {args.rounds} round(s), warm-up {args.warmup}",
         flush=True,
     )
-    for key in args.targets:
-        target = TARGETS[key]
-        run_guarded(session, target, 0, session.runs, target.label)
+    run_interleaved(session)
     for growth in args.growth:
-        for target in (TARGETS[key] for key in args.targets if TARGETS[key].kind == "receipts"):
+        for target in (TARGETS[key] for key in args.targets if TARGETS[key].growth):
             if growth == 0:
                 rows = [r for r in session.runs if r["target"] == target.key]
                 session.growth += [{**r, "reused_main_run": True} for r in rows]
@@ -92,7 +96,7 @@ def run_targets(session: Session) -> None:
 
 
 def run_guarded(session: Session, target: Target, growth: int, rows: list[Row], what: str) -> None:
-    """A failure is recorded, and the run goes on with the next target."""
+    """A failure is recorded, and the run goes on with the next target (the growth scenario)."""
     try:
         run_target(session, target, growth, rows)
     except BenchError as e:
@@ -106,9 +110,10 @@ def run_guarded(session: Session, target: Target, growth: int, rows: list[Row], 
 def clean_up(session: Session) -> None:
     args = session.args
     session.procs.stop_all()
-    if session.pg_used and not args.keep:
-        with contextlib.suppress(Exception):
-            pg_drop(args.pg_admin_url, args.pg_database)
+    if not args.keep:
+        for database in sorted(session.pg_databases):
+            with contextlib.suppress(Exception):
+                pg_drop(args.pg_admin_url, database)
     if not args.keep:
         shutil.rmtree(session.tmp, ignore_errors=True)
 
@@ -162,7 +167,14 @@ def argument_parser() -> argparse.ArgumentParser:
         "--targets",
         type=target_list,
         default=None,
-        help="subset of direct,mitmdump,sqlite,postgres (default all; smoke without postgres)",
+        help="subset of direct,mitmdump,sqlite,postgres,postgres-2 (default all; smoke without the PostgreSQL ones)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="measurements of each target at each level, interleaved across the targets; the report gives their median "
+        "(default 3; smoke 1)",
     )
     p.add_argument("--growth", type=int_list, default=[], help="history sizes for the growth scenario, e.g. 0,100000,1000000")
     p.add_argument(
@@ -178,7 +190,7 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="tiny and quick (< 60 s): 200 requests, c=1,8, direct+mitmdump+sqlite, no growth, no chart",
+        help="tiny and quick (< 60 s): 200 requests, c=1,8, 1 round, direct+mitmdump+sqlite, no growth, no chart",
     )
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--no-chart", action="store_true")
@@ -188,7 +200,9 @@ def argument_parser() -> argparse.ArgumentParser:
         help="a database on the server to connect to for CREATE/DROP DATABASE",
     )
     p.add_argument(
-        "--pg-database", default=PG_DATABASE_DEFAULT, help="the database created afresh for (d) (default receipts_bench)"
+        "--pg-database",
+        default=PG_DATABASE_DEFAULT,
+        help="the database created afresh for (d) (default receipts_bench); (e) uses NAME_postgres_2",
     )
     p.add_argument("--keep", action="store_true", help="keep the temporary directory and the PostgreSQL database")
     p.add_argument("--max-runtime", type=float, default=5400.0, help="the upstream stops by itself after this many seconds")
@@ -203,6 +217,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.requests = 200 if args.requests is None else args.requests
         args.concurrency = args.concurrency or [1, 8]
         args.warmup = 20 if args.warmup is None else args.warmup
+        args.rounds = 1 if args.rounds is None else args.rounds
         args.targets = args.targets or ["direct", "mitmdump", "sqlite"]
         if args.growth:
             p.error("--smoke runs no growth scenario")
@@ -210,10 +225,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.requests = 3000 if args.requests is None else args.requests
     args.concurrency = args.concurrency or [1, 32]
     args.warmup = 200 if args.warmup is None else args.warmup
+    args.rounds = 3 if args.rounds is None else args.rounds
     args.targets = args.targets or list(TARGETS)
-    if args.requests < 1 or not args.concurrency or min(args.concurrency) < 1:
-        p.error("--requests and every --concurrency level must be >= 1")
-    if args.growth and not any(TARGETS[t].kind == "receipts" for t in args.targets):
+    if args.requests < 1 or not args.concurrency or min(args.concurrency) < 1 or args.rounds < 1:
+        p.error("--requests, --rounds and every --concurrency level must be >= 1")
+    if args.growth and not any(TARGETS[t].growth for t in args.targets):
         p.error("--growth needs the sqlite or postgres target")
     return args
 

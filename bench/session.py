@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from processes import Processes, run_loadgen
+from processes import LoadSpec, Processes, run_loadgen, run_loadgens
 
 Row = dict[str, Any]
 
@@ -19,8 +19,9 @@ class Session:
     tmp: Path
     procs: Processes = field(default_factory=Processes)
     upstream_port: int = 0
-    pg_used: bool = False
-    runs: list[Row] = field(default_factory=list)
+    pg_databases: set[str] = field(default_factory=set)  # created on the server, dropped at the end
+    runs: list[Row] = field(default_factory=list)  # per target and concurrency, the median of its rounds
+    rounds: list[Row] = field(default_factory=list)  # every round's level as measured
     growth: list[Row] = field(default_factory=list)
     targets_info: dict[str, Row] = field(default_factory=dict)
     profiles: list[Row] = field(default_factory=list)
@@ -36,4 +37,14 @@ class Session:
             run_id=self.run_id,
             upstream_port=self.upstream_port if proxied else None,
             expect_receipt=journaled,
+        )
+
+    def load_many(self, specs: list[LoadSpec], proxied: bool, journaled: bool) -> list[Row]:
+        """One load client per spec, all at once; with every request's latency, for merged percentiles."""
+        return run_loadgens(
+            specs,
+            run_id=self.run_id,
+            upstream_port=self.upstream_port if proxied else None,
+            expect_receipt=journaled,
+            latencies=True,
         )

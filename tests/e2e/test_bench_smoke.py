@@ -1,5 +1,5 @@
-"""The benchmark works: its smoke form (200 POSTs at concurrency 1 and 8, direct, plain mitmdump and the
-receipts proxy on SQLite) runs end to end, checks its own receipts, and writes the results document.
+"""The benchmark works: its smoke form (200 POSTs at concurrency 1 and 8, one round, direct, plain mitmdump and
+the receipts proxy on SQLite) runs end to end, checks its own receipts, and writes the results document.
 
 This is not a timed test: it asserts that the harness works, not how fast the proxy is.
 """
@@ -44,3 +44,17 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert r["verify"]["ok"] and r["verify"]["states"] == {"succeeded": 200}, r
     assert {(r["target"], r["concurrency"]) for r in doc["ratios"]} == {("sqlite", 1), ("sqlite", 8)}
     assert "| (c) receipts SQLite |" in done.stdout  # the Markdown table
+
+    # one round: each level measured once, kept as measured in "rounds", its median (itself) in "runs"
+    assert doc["settings"]["rounds"] == 1
+    assert sorted((r["target"], r["concurrency"], r["round"]) for r in doc["rounds"]) == sorted(
+        (r["target"], r["concurrency"], 0) for r in doc["runs"]
+    )
+    for r in by_target["sqlite"]:
+        assert r["rounds"] == 1 and r["rps_rounds"] == [r["rps"]], r
+        assert r["proxy"]["cpu_ms_per_request"] > 0, r
+        # the journal writer's figures: present when the proxy runs a writer child, empty (None) otherwise
+        assert "writer" in r and "proxy_writer_cpu_ms_per_request" in r, r
+        if r["proxy_writer_cpu_ms_per_request"] is not None:
+            assert r["proxy_writer_cpu_ms_per_request"] >= r["proxy"]["cpu_ms_per_request"], r
+    assert "| CPU per request |" in done.stdout
