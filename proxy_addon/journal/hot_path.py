@@ -23,6 +23,7 @@ class HotPath:
     def __init__(self, connection: Any, statements: DriverStatements):
         self.connection = connection
         self.sql = statements
+        self.in_one = statements.name == "postgresql"  # a receipt's rows in one statement: see statements.py
 
     def _execute(self, statement: str, params: Mapping[str, Any]) -> Any:
         cursor = self.connection.cursor()
@@ -70,12 +71,16 @@ class HotPath:
         intent, now = request.intent, utcnow()
         row = {name: getattr(intent, name) for name in INTENT_FIELDS}
         row.update(state=State.SUBMITTED.value, created_at=now, updated_at=now, submitted_at=now)
+        created = {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint}
+        submitted = {"who": request.who}
+        if self.in_one:
+            params = {**row, "recorded_at": now, "created_detail": created, "submitted_detail": submitted}
+            return bool(self._execute(sql.RECORD_IN_ONE, params).rowcount == 2)
         if self._execute(sql.INSERT_RECEIPT, row).rowcount != 1:
             return False
-        created = {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint}
         for from_state, to_state, detail in (
             (None, State.PLANNED.value, created),
-            (State.PLANNED.value, State.SUBMITTED.value, {"who": request.who}),
+            (State.PLANNED.value, State.SUBMITTED.value, submitted),
         ):
             history = {"operation_id": intent.operation_id, "from_state": from_state, "to_state": to_state}
             self._execute(sql.INSERT_TRANSITION, {**history, "recorded_at": now, "detail": detail})
@@ -97,12 +102,17 @@ class HotPath:
         if State(request.to) in TERMINAL_STATES:
             updates.setdefault("completed_at", now)
         columns = tuple(sorted(updates))
-        params = {**updates, "state": request.to, "updated_at": now}
+        params = {**updates, "state": request.to, "updated_at": now, "recorded_at": now, "detail": request.detail}
         params.update(operation_id=request.operation_id, expected_from=request.expected_from)
-        if self._execute(sql.compare_and_set(columns), params).rowcount != 1:
+        if self.in_one:
+            moved = self._execute(sql.advance_in_one(columns), params).rowcount == 1
+        else:
+            moved = self._execute(sql.compare_and_set(columns), params).rowcount == 1
+            if moved:
+                history = {"operation_id": request.operation_id, "from_state": request.expected_from, "to_state": request.to}
+                self._execute(sql.INSERT_TRANSITION, {**history, "recorded_at": now, "detail": request.detail})
+        if not moved:
             row = self._execute(sql.STATE_OF, {"operation_id": request.operation_id}).fetchone()
             if row is None:
                 raise ReceiptNotFoundError(f"no receipt {request.operation_id}")
             raise StaleStateError(request.operation_id, request.expected_from, row[0])
-        history = {"operation_id": request.operation_id, "from_state": request.expected_from, "to_state": request.to}
-        self._execute(sql.INSERT_TRANSITION, {**history, "recorded_at": now, "detail": request.detail})

@@ -81,12 +81,34 @@ INSERT_TRANSITION = (
 
 STATE_OF = "SELECT state FROM receipts WHERE operation_id = :operation_id"
 
+# PostgreSQL only: the same three rows in one statement (a data-modifying CTE, which SQLite does not have).
+# Each statement is a round trip and ~0.1-0.3 ms of the server's CPU here; SQLite runs in the writer's own
+# process, where three statements cost less than one round trip.
+RECORD_IN_ONE = (
+    f"WITH receipt AS ({INSERT_RECEIPT} RETURNING operation_id) "
+    f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "
+    "SELECT receipt.operation_id, step.from_state, step.to_state, :recorded_at, step.detail "
+    f"FROM receipt, (VALUES (1, CAST(NULL AS VARCHAR), '{State.PLANNED.value}', :created_detail), "
+    f"(2, '{State.PLANNED.value}', '{State.SUBMITTED.value}', :submitted_detail)) AS step(n, from_state, to_state, detail) "
+    "ORDER BY step.n"
+)
+
 
 @functools.cache
 def compare_and_set(columns: tuple[str, ...]) -> str:
     """`expected_from -> state` with these columns updated, if the receipt is still in `expected_from`."""
     assignments = ", ".join(f"{c} = :{c}" for c in ("state", "updated_at", *columns))
     return f"UPDATE receipts SET {assignments} WHERE operation_id = :operation_id AND state = :expected_from"
+
+
+@functools.cache
+def advance_in_one(columns: tuple[str, ...]) -> str:
+    """PostgreSQL only: `compare_and_set` and its history row in one statement; its row count says if it moved."""
+    return (
+        f"WITH moved AS ({compare_and_set(columns)} RETURNING operation_id) "
+        f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "
+        "SELECT moved.operation_id, :expected_from, :state, :recorded_at, :detail FROM moved"
+    )
 
 
 _NAMED = re.compile(r"(?<![:\w]):(\w+)")
@@ -134,6 +156,7 @@ def _bind_processors(dialect: Dialect) -> dict[str, Callable[[Any], Any]]:
     """Bind processors by parameter name: the receipts' and the history's columns, and `since` (a timestamp)."""
     columns: dict[str, ColumnElement[Any]] = {c.name: c for c in (*_TRANSITIONS.c, *_RECEIPTS.c)}
     columns["since"] = _RECEIPTS.c.completed_at
+    columns["created_detail"] = columns["submitted_detail"] = _TRANSITIONS.c.detail
     out: dict[str, Callable[[Any], Any]] = {}
     for name, column in columns.items():
         processor = column.type.dialect_impl(dialect).bind_processor(dialect)

@@ -22,7 +22,7 @@ from support.e2e import (
     wait_for,
 )
 from support.e2e import migrate as migrate_url
-from support.proxy import REPO, start_inprocess_proxy, start_proxy_process
+from support.proxy import REPO, process_gone, start_inprocess_proxy, start_proxy_process, writer_pid
 from support.server import accepts, free_port
 from support.upstream import start_upstream
 
@@ -116,8 +116,11 @@ def test_mitmdump_with_the_addon_script_journals_a_post(sqlite_url, upstream, tm
             assert r.status_code == 201, r.text
             assert r.headers["X-Receipt-State"] == "succeeded"
             assert "X-Receipt-Id" not in client.get(upstream.base + path).headers
+        writer = writer_pid(proc.pid)  # the addon started its journal writer under plain mitmdump too
+        assert writer is not None
     finally:
         stop_process(proc)
+    assert wait_for(lambda: process_gone(writer), 10), "the journal writer outlived mitmdump"
     with open_store(sqlite_url) as store:
         [receipt] = receipts_for(store, path)
     assert receipt.operation_id == r.headers["X-Receipt-Id"]

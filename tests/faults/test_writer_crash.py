@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 from support.e2e import migrate, open_store, stop_process, wait_for
-from support.proxy import start_proxy_process
+from support.proxy import start_proxy_process, writer_pid
 from support.server import free_port
 
 from faults.fault_harness import MIXED, Agents, Sent, answered_ids, fault_config, intent_pool
@@ -37,22 +37,6 @@ def database(request) -> str:
     url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
     migrate(url)
     return url
-
-
-def writer_pid(proxy_pid: int) -> int | None:
-    """The proxy's journal writer: its child process running proxy_addon.journal.writer."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == proxy_pid and b"proxy_addon.journal.writer" in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z":
-            return int(entry.name)
-    return None
 
 
 def pending(admin: str) -> float:

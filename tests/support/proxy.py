@@ -99,3 +99,27 @@ def start_proxy_process(
         time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
     raise RuntimeError("receipts proxy did not start listening within 30 s")
+
+
+def writer_pid(proxy_pid: int) -> int | None:
+    """The proxy's journal writer: its child process running proxy_addon.journal.writer."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == proxy_pid and b"proxy_addon.journal.writer" in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            return int(entry.name)
+    return None
+
+
+def process_gone(pid: int) -> bool:
+    """The process has exited (no longer there, or a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
