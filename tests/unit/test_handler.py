@@ -60,13 +60,16 @@ def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         addon, sender = Receipts(), FakeSender(*results)
         addon.writer = WriterThread  # the writer's own loop, in a thread: no process to start per test
 
-        def run(flow: Any) -> Any:
+        def run(flow: Any, *more: Any) -> Any:
+            """The flows one after the other, on one event loop (so one journal writer); the first returned."""
+
             async def go() -> None:
                 with taddons.context(addon) as tctx:
                     tctx.configure(addon, receipts_config=str(path), receipts_database_url=url)
                     assert addon.handler is not None
                     addon.handler.sender = sender  # type: ignore[assignment]
-                    await addon.request(flow)
+                    for f in (flow, *more):
+                        await addon.request(f)
 
             asyncio.run(go())
             return flow
@@ -191,20 +194,26 @@ def test_a_write_the_writer_committed_before_it_died_is_closed_as_not_sent(journ
     from proxy_addon.journal.writer import JournalWriter
 
     commit = JournalWriter.run
+    batches: list[Any] = []
 
     def commit_then_die(self: JournalWriter, batch: list[Any]) -> Any:
-        commit(self, batch)
-        raise SystemExit("the writer died before it answered")
+        batches.append(batch)
+        replies = commit(self, batch)
+        if len(batches) == 3:  # the warm-up's record and verdict were answered; this record is not
+            raise SystemExit("the writer died before it answered")
+        return replies
 
     monkeypatch.setattr(JournalWriter, "run", commit_then_die)
-    run, addon, sender = journal(created())
-    flow = run(post())
-    assert flow.response.status_code == 503 and sender.sent == []
+    run, addon, sender = journal(created(), created())
+    warm, flow = post(b'{"warm": 1}'), post()
+    run(warm, flow)
+    assert warm.response.status_code == 201 and len(sender.sent) == 1
+    assert flow.response.status_code == 503 and len(sender.sent) == 1
     assert "journal writer stopped" in json.loads(flow.response.content)["detail"]
     assert addon.store is not None
-    [receipt] = addon.store.receipts.list()
+    [receipt] = [r for r in addon.store.receipts.list() if r.operation_id != warm.response.headers["X-Receipt-Id"]]
     assert (receipt.state, receipt.error_code) == ("rejected", "not_sent")
     assert states(addon, receipt.operation_id) == ["planned", "submitted", "rejected"]
     monkeypatch.undo()
     again = run(post())
-    assert again.response.status_code == 201 and len(sender.sent) == 1
+    assert again.response.status_code == 201 and len(sender.sent) == 2
