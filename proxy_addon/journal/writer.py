@@ -26,7 +26,7 @@ from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Record,
 from proxy_addon.log import configure_logging, get_logger
 
 log = get_logger("receipts.journal_writer")
-RECEIVE_SIZE = 1 << 20
+RECEIVE_SIZE = 1 << 18
 
 
 class JournalWriter:
@@ -37,15 +37,13 @@ class JournalWriter:
 
     def serve(self, sock: socket.socket, buffer: bytearray, requests: list[tuple[int, Any]]) -> None:
         """Answer `requests`, then what comes, until the proxy closes its end (it stopped, or died)."""
+        chunk = memoryview(bytearray(RECEIVE_SIZE))
         while True:
             for start in range(0, len(requests), self.max_batch):
                 replies = self.run(requests[start : start + self.max_batch])
                 sock.sendall(b"".join(frame(request_id, reply) for request_id, reply in replies))
-            chunk = sock.recv(RECEIVE_SIZE)
-            if not chunk:
+            if not _receive(sock, buffer, chunk):
                 return
-            buffer += chunk
-            buffer += _waiting(sock)
             requests = split_frames(buffer)
 
     def run(self, batch: list[tuple[int, Any]]) -> list[tuple[int, Reply]]:
@@ -84,18 +82,21 @@ def _apply(hot: HotPath, request: Record | Advance) -> Reply:
         return Failed("unavailable", str(e))
 
 
-def _waiting(sock: socket.socket) -> bytes:
-    """What else is already on the socket, without waiting for more."""
-    parts: list[bytes] = []
+def _receive(sock: socket.socket, buffer: bytearray, chunk: memoryview) -> bool:
+    """Wait for bytes, then take what else is there already without waiting; False once the proxy closed its end.
+    `chunk` is reused: a fresh buffer for each receive would cost an allocation of its size."""
+    n = sock.recv_into(chunk)
+    if n == 0:
+        return False
+    buffer += chunk[:n]
     while True:
         try:
-            chunk = sock.recv(RECEIVE_SIZE, socket.MSG_DONTWAIT)
+            n = sock.recv_into(chunk, len(chunk), socket.MSG_DONTWAIT)
         except BlockingIOError:
-            break
-        if not chunk:
-            break
-        parts.append(chunk)
-    return b"".join(parts)
+            return True
+        if n == 0:
+            return True  # the end of the socket: the next wait sees it
+        buffer += chunk[:n]
 
 
 def _one_line(e: BaseException) -> str:
@@ -106,10 +107,8 @@ def _one_line(e: BaseException) -> str:
 def _setup_frame(sock: socket.socket, buffer: bytearray) -> tuple[Setup, list[tuple[int, Any]]]:
     """The setup the proxy sends first, and the requests that came with it."""
     while True:
-        chunk = sock.recv(RECEIVE_SIZE)
-        if not chunk:
+        if not _receive(sock, buffer, memoryview(bytearray(4096))):
             raise SystemExit(0)
-        buffer += chunk
         frames = split_frames(buffer)
         if frames:
             _, setup = frames[0]
