@@ -11,6 +11,7 @@ closed at once.
 """
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -155,6 +156,8 @@ class JournalClient:
 
     async def _call(self, request: Record | Advance) -> Reply:
         stream = await self._connected()
+        if stream is not self._stream:  # the writer died between its start and now: nobody would answer
+            raise WriterLostError("cannot write the journal: the journal writer stopped as it started")
         request_id = next(self._ids)
         answered: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (request, answered)
@@ -232,6 +235,9 @@ class JournalClient:
             if not answered.done():
                 answered.set_exception(error)
         self._pending.clear()
+        if self._stream is not None:
+            with contextlib.suppress(RuntimeError):  # its event loop is closed already (the in-process tests)
+                self._stream.close()
         self._link = self._stream = self._loop = self._connecting = None
         link.stop()
 
@@ -239,10 +245,9 @@ class JournalClient:
         await asyncio.to_thread(self.close)
 
     def close(self) -> None:
-        """Stop the writer: it finishes what it holds, then exits."""
-        link, self._link, self._stream, self._loop, self._connecting = self._link, None, None, None, None
-        if link is not None:
-            link.stop()
+        """Stop the writer (it finishes what it holds, then exits); what it has not answered fails as not written."""
+        if self._link is not None:
+            self._end(self._link, WriterLostError("cannot write the journal: the journal writer was stopped"))
 
 
 def _raise_failure(reply: Reply, operation_id: str, expected: str | None = None) -> None:

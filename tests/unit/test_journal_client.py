@@ -1,0 +1,132 @@
+"""The proxy's side of its journal writer (journal/client.py): what a write gets when the writer answers, when
+it dies, when it keeps dying at once, and when the proxy stops it, on a real SQLite journal."""
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+from support.e2e import migrate
+from support.store import intent
+
+from proxy_addon.config import AfterSuccess
+from proxy_addon.exceptions import DuplicateOpenError, JournalUnavailableError, StaleStateError, WriterLostError
+from proxy_addon.journal.client import JournalClient, WriterThread
+from proxy_addon.journal.messages import Done, Setup, frame, split_frames
+from proxy_addon.states import State
+
+
+class SilentWriter:
+    """A writer that reads what it is sent and never answers (a hung one); `die()` ends it."""
+
+    def __init__(self) -> None:
+        self.sock, self.other = socket.socketpair()
+        self.buffer = bytearray()
+        self.frames: list = []
+
+    async def received(self, count: int) -> list:
+        """The first `count` frames the proxy sent (its setup first), once they are here."""
+        while len(self.frames) < count:
+            self.buffer += await asyncio.to_thread(self.other.recv, 65536)
+            self.frames += split_frames(self.buffer)
+        return self.frames[:count]
+
+    def die(self) -> None:
+        self.other.close()
+
+    def ended(self) -> str:
+        return "its socket closed"
+
+    def stop(self) -> None:
+        self.sock.close()
+        self.other.close()
+
+
+class DeadAtStart(SilentWriter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.die()
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'receipts.db'}"
+    migrate(url)
+    return url
+
+
+def test_a_write_is_recorded_a_repeat_refused_and_a_lost_compare_and_set_reported(url: str) -> None:
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error"), WriterThread)
+        try:
+            it = intent(proxy_instance="me")
+            await client.record(it, AfterSuccess(), "me")
+            with pytest.raises(DuplicateOpenError):
+                await client.record(intent(it.intent_fingerprint, proxy_instance="me"), AfterSuccess(), "me")
+            await client.advance(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {"status_code": 201})
+            with pytest.raises(StaleStateError) as e:
+                await client.advance(it.operation_id, State.SUBMITTED, State.REJECTED, {"who": "me"}, {})
+            assert e.value.actual == "succeeded"
+        finally:
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def test_what_a_dying_writer_held_fails_at_once_and_the_next_write_starts_a_new_one(url: str) -> None:
+    writers: list[SilentWriter | WriterThread] = []
+
+    def start() -> SilentWriter | WriterThread:
+        writers.append(SilentWriter() if not writers else WriterThread())
+        return writers[-1]
+
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error"), start)
+        answered = asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me"))
+        await asyncio.sleep(0)  # the client starts its writer
+        first = writers[0]
+        assert isinstance(first, SilentWriter)
+        [_setup, (request_id, _record)] = await first.received(2)
+        first.other.sendall(frame(request_id, Done()))  # answered by hand
+        await answered  # the writer got past its start
+        held = asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me"))
+        await first.received(3)
+        first.die()
+        with pytest.raises(WriterLostError, match="journal writer stopped"):
+            await held
+        await client.record(intent(proxy_instance="me"), AfterSuccess(), "me")  # a new writer, at once
+        assert len(writers) == 2
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_writer_that_dies_before_its_first_answer_is_restarted_only_after_a_pause(url: str) -> None:
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error"), DeadAtStart)
+        with pytest.raises(WriterLostError):
+            await client.record(intent(proxy_instance="me"), AfterSuccess(), "me")
+        with pytest.raises(JournalUnavailableError, match="keeps stopping; next start in"):
+            await client.record(intent(proxy_instance="me"), AfterSuccess(), "me")
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_stopping_the_writer_fails_what_it_has_not_answered(url: str) -> None:
+    writers: list[SilentWriter] = []
+
+    def start() -> SilentWriter:
+        writers.append(SilentWriter())
+        return writers[-1]
+
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error"), start)
+        held = asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me"))
+        await asyncio.sleep(0)  # the client starts its writer
+        await writers[0].received(2)
+        client.close()
+        with pytest.raises(WriterLostError, match="was stopped"):
+            await held
+
+    asyncio.run(asyncio.wait_for(go(), 30))
