@@ -72,7 +72,8 @@ class WriterProcess:
         self.sock, child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
-        cmd = [sys.executable, "-m", "proxy_addon.journal.writer", "--fd", str(child.fileno())]
+        # -P: not the working directory first on the path, so that the writer runs this very proxy_addon
+        cmd = [sys.executable, "-P", "-m", "proxy_addon.journal.writer", "--fd", str(child.fileno())]
         try:
             self.process = subprocess.Popen(cmd, pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         finally:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import ColumnElement, Dialect, Table
+from sqlalchemy.dialects import postgresql
 
 from proxy_addon.duplicates import INVALIDATING_METHODS, NOT_HAPPENED_STATES
 from proxy_addon.models import Receipt, ReceiptTransition
@@ -24,6 +25,7 @@ from proxy_addon.states import OPEN_STATES, State
 
 _RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
 _TRANSITIONS: Table = ReceiptTransition.__table__  # type: ignore[assignment]
+_PG_TYPES = {c.name: c.type.compile(dialect=postgresql.dialect()) for c in _RECEIPTS.c}
 
 
 def _listed(values: Iterable[str]) -> str:
@@ -35,23 +37,14 @@ _NOT_HAPPENED = _listed(s.value for s in NOT_HAPPENED_STATES)
 _INVALIDATING = _listed(INVALIDATING_METHODS)
 _SELECTED = ", ".join(f"r.{name}" for name in RECEIPT_FIELDS)
 
-# An Idempotency-Key the agent used before for another request of the same account.
-KEY_MISMATCH = f"""
-SELECT {_SELECTED} FROM receipts r
-WHERE r.account = :account AND r.idempotency_key = :key AND r.intent_fingerprint <> :fingerprint
-LIMIT 1"""
-
-# The open receipt of the same intent.
-OPEN = f"""
-SELECT {_SELECTED} FROM receipts r
-WHERE r.account = :account AND r.intent_fingerprint = :fingerprint AND r.state IN ({_OPEN})
-LIMIT 1"""
-
-# The open receipt of the same intent or, failing one, its latest success since `since` that no later write to
-# its target has invalidated ("later" by the creation rows' history ids: duplicates.py, store/receipts.py).
-OPEN_OR_SUCCEEDED = f"""
-SELECT {_SELECTED} FROM receipts r
-WHERE r.account = :account AND r.intent_fingerprint = :fingerprint
+# What stands in the way of a new receipt (store/receipts.py, `_find_blocker`), as conditions on `r`:
+# an Idempotency-Key the agent used before for another request of the same account;
+_KEY_MISMATCH_WHERE = "r.account = :account AND r.idempotency_key = :key AND r.intent_fingerprint <> :fingerprint"
+# the open receipt of the same intent;
+_OPEN_WHERE = f"r.account = :account AND r.intent_fingerprint = :fingerprint AND r.state IN ({_OPEN})"
+# or, when successes block (replay, refuse), the same intent's success since `since` that no later write to its
+# target has invalidated ("later" by the creation rows' history ids: duplicates.py, store/receipts.py).
+_OPEN_OR_SUCCEEDED_WHERE = f"""r.account = :account AND r.intent_fingerprint = :fingerprint
   AND (r.state IN ({_OPEN})
        OR (r.state = '{State.SUCCEEDED.value}' AND r.completed_at >= :since
            AND NOT EXISTS (
@@ -61,9 +54,14 @@ WHERE r.account = :account AND r.intent_fingerprint = :fingerprint
                AND later.method IN ({_INVALIDATING}) AND later.state NOT IN ({_NOT_HAPPENED})
                AND later_created.operation_id = later.operation_id AND later_created.from_state IS NULL
                AND own_created.operation_id = r.operation_id AND own_created.from_state IS NULL
-               AND later_created.id > own_created.id)))
-ORDER BY CASE WHEN r.state IN ({_OPEN}) THEN 0 ELSE 1 END, r.completed_at DESC
-LIMIT 1"""
+               AND later_created.id > own_created.id)))"""
+
+KEY_MISMATCH = f"SELECT {_SELECTED} FROM receipts r WHERE {_KEY_MISMATCH_WHERE} LIMIT 1"
+OPEN = f"SELECT {_SELECTED} FROM receipts r WHERE {_OPEN_WHERE} LIMIT 1"
+OPEN_OR_SUCCEEDED = (  # an open receipt wins over a success, the latest success over older ones
+    f"SELECT {_SELECTED} FROM receipts r WHERE {_OPEN_OR_SUCCEEDED_WHERE} "
+    f"ORDER BY CASE WHEN r.state IN ({_OPEN}) THEN 0 ELSE 1 END, r.completed_at DESC LIMIT 1"
+)
 
 # A new receipt, already `submitted`. Of two writers that decided at once (two proxies on one PostgreSQL), the
 # second finds the first's open receipt in the partial unique index and inserts nothing: it then reads it.
@@ -81,17 +79,29 @@ INSERT_TRANSITION = (
 
 STATE_OF = "SELECT state FROM receipts WHERE operation_id = :operation_id"
 
-# PostgreSQL only: the same three rows in one statement (a data-modifying CTE, which SQLite does not have).
-# Each statement is a round trip and ~0.1-0.3 ms of the server's CPU here; SQLite runs in the writer's own
-# process, where three statements cost less than one round trip.
-RECORD_IN_ONE = (
-    f"WITH receipt AS ({INSERT_RECEIPT} RETURNING operation_id) "
+_HISTORY_OF_NEW = (  # the creation row and `planned -> submitted`, for the receipt a CTE named `receipt` inserted
     f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "
     "SELECT receipt.operation_id, step.from_state, step.to_state, :recorded_at, step.detail "
     f"FROM receipt, (VALUES (1, CAST(NULL AS VARCHAR), '{State.PLANNED.value}', :created_detail), "
     f"(2, '{State.PLANNED.value}', '{State.SUBMITTED.value}', :submitted_detail)) AS step(n, from_state, to_state, detail) "
     "ORDER BY step.n"
 )
+
+
+@functools.cache
+def record_unless_blocked(key_checked: bool, successes_block: bool) -> str:
+    """PostgreSQL only: the decision and the receipt's three rows in one statement (a data-modifying CTE, which
+    SQLite does not have). It inserts nothing when something stands in the way (its row count is then 0, and the
+    blocker is read with the statements above); on PostgreSQL each statement is a round trip and some of the
+    server's CPU, while SQLite runs them in the writer's own process, where they cost less than one round trip."""
+    blocked = [f"EXISTS (SELECT 1 FROM receipts r WHERE {_OPEN_OR_SUCCEEDED_WHERE if successes_block else _OPEN_WHERE})"]
+    if key_checked:
+        blocked.insert(0, f"EXISTS (SELECT 1 FROM receipts r WHERE {_KEY_MISMATCH_WHERE})")
+    values = ", ".join(f"CAST(:{c} AS {_PG_TYPES[c]})" for c in RECEIPT_COLUMNS)
+    return (
+        f"WITH receipt AS (INSERT INTO receipts ({', '.join(RECEIPT_COLUMNS)}) SELECT {values} "
+        f"WHERE NOT ({' OR '.join(blocked)}) ON CONFLICT DO NOTHING RETURNING operation_id) {_HISTORY_OF_NEW}"
+    )
 
 
 @functools.cache
@@ -103,7 +113,8 @@ def compare_and_set(columns: tuple[str, ...]) -> str:
 
 @functools.cache
 def advance_in_one(columns: tuple[str, ...]) -> str:
-    """PostgreSQL only: `compare_and_set` and its history row in one statement; its row count says if it moved."""
+    """PostgreSQL only: `compare_and_set` and its history row in one statement; its row count says if it moved
+    (one round trip instead of two, and, for a batch of one, no COMMIT of its own: see connection.py)."""
     return (
         f"WITH moved AS ({compare_and_set(columns)} RETURNING operation_id) "
         f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "

@@ -49,11 +49,12 @@ class JournalWriter:
     def run(self, batch: list[tuple[int, Any]]) -> list[tuple[int, Reply]]:
         """Every request of `batch` in one transaction, answered after its COMMIT; alone each if that fails."""
         try:
-            with self.connection.transaction() as conn:
+            with self.connection.transaction(alone=len(batch) == 1) as conn:
+                self._exit_if_orphaned()
                 hot = HotPath(conn, self.connection.statements)
-                replies = [(request_id, _apply(hot, request)) for request_id, request in batch]
-                if os.getppid() != self.proxy_pid:  # the proxy died: nobody will send these, so commit none
-                    raise SystemExit(0)
+                sent = hot.pipelined([request for _, request in batch])
+                replies = [(request_id, _apply(hot, request, first)) for (request_id, request), first in zip(batch, sent, strict=True)]
+                self._exit_if_orphaned()
                 return replies
         except Exception as e:  # noqa: BLE001 - nothing of the batch committed: say why, to each or one by one
             reason = _one_line(e)
@@ -62,17 +63,22 @@ class JournalWriter:
                 return [(request_id, Failed("unavailable", f"cannot write the journal: {reason}")) for request_id, _ in batch]
             return [reply for item in batch for reply in self.run([item])]
 
+    def _exit_if_orphaned(self) -> None:
+        """The proxy died: nobody will send what this batch records, so write none of it (not yet committed)."""
+        if os.getppid() != self.proxy_pid:
+            raise SystemExit(0)
+
     def close(self) -> None:
         self.connection.close()
 
 
-def _apply(hot: HotPath, request: Record | Advance) -> Reply:
+def _apply(hot: HotPath, request: Record | Advance, sent: Any) -> Reply:
     """One request inside the batch's transaction; what it may refuse is answered, any other error fails the batch."""
     try:
         if isinstance(request, Record):
-            blocker = hot.record(request)
+            blocker = hot.record(request, sent)
             return Done() if blocker is None else Blocked(blocker)
-        hot.advance(request)
+        hot.advance(request, sent)
         return Done()
     except StaleStateError as e:
         return Failed("stale", str(e), e.actual)

@@ -193,3 +193,37 @@ def test_submitted_is_one_commit_with_both_history_rows(both, migrated_url, path
     with pytest.raises(ReceiptNotFoundError):
         store.receipts.get(it.operation_id)
     assert store.receipts.history(it.operation_id) == []
+
+
+def test_a_batch_decides_as_its_requests_would_one_by_one(migrated_url):
+    """One group commit (pipelined on PostgreSQL): each request sees the ones before it in its batch."""
+    from proxy_addon.journal.messages import Done, Failed
+    from proxy_addon.journal.writer import JournalWriter
+
+    writer = JournalWriter(migrated_url, max_batch=64)
+    try:
+        same = fp()
+        first, again, key_reused, other = intent(same, idempotency_key="k-9"), intent(same), intent(fp(), idempotency_key="k-9"), intent()
+        opened = dict(writer.run([
+            (1, Record(first, REPLAY, "me")),
+            (2, Record(again, REPLAY, "me")),
+            (3, Record(key_reused, REPLAY, "me")),
+            (4, Record(other, REPLAY, "me")),
+            (5, Advance("op_missing", "submitted", "succeeded", {"who": "me"}, {})),
+        ]))
+        closed = dict(writer.run([
+            (6, Advance(first.operation_id, "submitted", "succeeded", {"who": "me"}, {"status_code": 201})),
+            (7, Advance(first.operation_id, "submitted", "rejected", {"who": "me"}, {})),
+            (8, Record(intent(same), REPLAY, "me")),
+        ]))
+        allowed = dict(writer.run([(9, Record(intent(same), ALLOW, "me")), (10, Record(intent(same), ALLOW, "me"))]))
+    finally:
+        writer.close()
+    assert opened[1] == opened[4] == closed[6] == allowed[9] == Done()
+    assert allowed[10].blocker.receipt.operation_id != first.operation_id  # type: ignore[union-attr] # the one just allowed
+    blocked = [opened[2], opened[3], closed[8]]
+    assert [(r.blocker.kind.value, r.blocker.receipt.operation_id) for r in blocked] == [  # type: ignore[union-attr]
+        ("open", first.operation_id), ("key_mismatch", first.operation_id), ("succeeded", first.operation_id)
+    ]
+    assert isinstance(closed[7], Failed) and (closed[7].reason, closed[7].actual) == ("stale", "succeeded")
+    assert isinstance(opened[5], Failed) and opened[5].reason == "not_found"
