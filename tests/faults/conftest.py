@@ -7,6 +7,7 @@ end of the pytest run. Other fault tests may add rows too: `from faults.invarian
 from collections.abc import Iterator
 
 import pytest
+from support.e2e import migrate
 from support.recording_upstream import RecordingUpstream
 
 from faults.invariants import SUMMARY, ScenarioRow
@@ -19,6 +20,14 @@ def upstream() -> Iterator[RecordingUpstream]:
         yield up
     finally:
         up.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request) -> str:
+    """A migrated database: each test that takes it runs on a SQLite file and on PostgreSQL."""
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    migrate(url)
+    return url
 
 
 _COLUMNS = (

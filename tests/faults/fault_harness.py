@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import yaml
+from support.e2e import open_store
 from support.recording_upstream import REJECT, RESET, SEND_HEADER, SLOW, SUCCESS, RecordingUpstream
 
 REPO = Path(__file__).resolve().parents[2]
@@ -352,3 +353,14 @@ def unwritable_sqlite(db_path: Path) -> Iterator[str]:
 
     with failing_receipt_writes(f"sqlite:///{db_path}", "INSERT"):  # no new receipt can be written
         yield "trigger"
+
+
+def unsettled(database: str) -> list:
+    """The receipts still `planned` or `submitted`."""
+    with open_store(database) as store:
+        return store.receipts.list(states=["planned", "submitted"], limit=None)
+
+
+def journaled_since(agents: Agents, since: float) -> list[Sent]:
+    """The agents' writes sent after `since` (time.monotonic()) that were journaled and answered by the upstream."""
+    return [s for s in agents.results() if s.started > since and s.receipt_id and s.status in (201, 422)]

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
-from support.e2e import migrate, open_store, stop_process, wait_for
+from support.e2e import migrate, stop_process, wait_for
 from support.proxy import start_proxy_process
 from support.recording_upstream import SUCCESS, RecordingUpstream
 
@@ -33,18 +33,15 @@ from faults.fault_harness import (
     answered_ids,
     fault_config,
     intent_pool,
+    journaled_since,
     private_postgres_problem,
     proxy_client,
     send,
+    unsettled,
 )
 from faults.invariants import check_scenario
 
 FAIL_OPEN_EVENT = "journal_unavailable_forwarding_without_receipt"
-
-
-def unsettled(database: str) -> list:
-    with open_store(database) as store:
-        return store.receipts.list(states=["planned", "submitted"], limit=None)
 
 
 def outage_under_load(
@@ -72,11 +69,8 @@ def outage_under_load(
             assert wait_for(lambda: len(refused()) >= 8, 20, 0.05), f"no journal-unavailable answers: {agents.results()[-5:]}"
             received_while_down = [r for r in upstream.received() if r.at > down_at + 0.5]
         up_at = time.monotonic()
-
-        def journaled_again() -> list[Sent]:
-            return [s for s in agents.results() if s.started > up_at and s.receipt_id and s.status in (201, 422)]
-
-        assert wait_for(journaled_again, 20, 0.05), f"the proxy did not journal again: {agents.results()[-5:]}"
+        again = wait_for(lambda: journaled_since(agents, up_at), 20, 0.05)
+        assert again, f"the proxy did not journal again: {agents.results()[-5:]}"
         sent = agents.stop()
         assert wait_for(lambda: not unsettled(database), 15, 0.1), unsettled(database)
     finally:

@@ -12,27 +12,14 @@ import json
 import signal
 import time
 
-import pytest
-from support.e2e import migrate, open_store, stop_process, wait_for
+from support.e2e import open_store, stop_process, wait_for
 from support.proxy import start_proxy_process
 from support.recording_upstream import SLOW
 
-from faults.fault_harness import MIXED, Agents, answered_ids, fault_config, intent_pool, proxy_client, send
+from faults.fault_harness import MIXED, Agents, answered_ids, fault_config, intent_pool, proxy_client, send, unsettled
 from faults.invariants import check_scenario
 
 RECOVERY_LIMIT = 30.0  # the contract: a dead instance's receipts are recovered within 30 s of a restart
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request) -> str:
-    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-    migrate(url)
-    return url
-
-
-def unsettled(database: str) -> list:
-    with open_store(database) as store:
-        return store.receipts.list(states=["planned", "submitted"], limit=None)
 
 
 def test_proxy_sigkilled_under_load_loses_nothing_and_forwards_nothing_twice(database, upstream, tmp_path):

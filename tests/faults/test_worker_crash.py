@@ -13,8 +13,7 @@ import subprocess
 import sys
 from datetime import datetime, timedelta
 
-import pytest
-from support.e2e import migrate, open_store, stop_process, wait_for
+from support.e2e import open_store, stop_process, wait_for
 from support.proxy import start_proxy_process
 from support.recording_upstream import RESET
 
@@ -24,13 +23,6 @@ from faults.invariants import check_scenario, read_journal
 RECEIPTS = 6
 LEASE = 3.0
 VERDICTS = {"succeeded", "safe_to_retry", "manual_review"}
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request) -> str:
-    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-    migrate(url)
-    return url
 
 
 def start_worker(config, database: str, log_path) -> subprocess.Popen:

@@ -19,24 +19,16 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
-from support.e2e import migrate, open_store, stop_process, wait_for
+from support.e2e import stop_process, wait_for
 from support.proxy import start_proxy_process, writer_pid
 from support.server import free_port
 
-from faults.fault_harness import MIXED, Agents, Sent, answered_ids, fault_config, intent_pool
+from faults.fault_harness import MIXED, Agents, answered_ids, fault_config, intent_pool, journaled_since, unsettled
 from faults.invariants import check_scenario
 
 ROUNDS = 3
 AGENTS = 6
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database(request) -> str:
-    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-    migrate(url)
-    return url
 
 
 def pending(admin: str) -> float:
@@ -51,11 +43,6 @@ def log_events(path: Path) -> list[dict]:
         with contextlib.suppress(ValueError):
             events.append(json.loads(line))
     return events
-
-
-def unsettled(database: str) -> list:
-    with open_store(database) as store:
-        return store.receipts.list(states=["planned", "submitted"], limit=None)
 
 
 def test_journal_writer_killed_under_load_fails_closed_and_loses_nothing(database, upstream, tmp_path):
@@ -83,11 +70,8 @@ def test_journal_writer_killed_under_load_fails_closed_and_loses_nothing(databas
                 os.kill(pid, signal.SIGKILL)
             killed.append(pid)
             after = time.monotonic()
-
-            def journaled_again(after: float = after) -> list[Sent]:
-                return [s for s in agents.results() if s.started > after and s.receipt_id and s.status in (201, 422)]
-
-            assert wait_for(journaled_again, 20, 0.02), f"the proxy did not journal again: {agents.results()[-5:]}"
+            again = wait_for(lambda after=after: journaled_since(agents, after), 20, 0.02)
+            assert again, f"the proxy did not journal again: {agents.results()[-5:]}"
         sent = agents.stop()
         assert wait_for(lambda: not unsettled(database), 15, 0.1), unsettled(database)
     finally:
