@@ -95,6 +95,13 @@ class Db:
             with psycopg.connect(libpq_url(self.url), connect_timeout=5) as pg_conn:
                 yield pg_conn
 
+    def analyze(self) -> None:
+        """Statistics for the receipts tables (PostgreSQL), as autovacuum would gather them."""
+        with self.connect() as conn:
+            for table in ("receipts", "receipt_transitions"):
+                conn.execute(f"ANALYZE {table}")
+            conn.commit()
+
     @property
     def name(self) -> str:
         """The PostgreSQL database's name, or the SQLite file's."""
