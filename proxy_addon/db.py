@@ -7,16 +7,16 @@ a deadlock when a read would later upgrade to a write.
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic.config import Config as AlembicConfig
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from proxy_addon.exceptions import DatabaseURLError, JournalUnavailableError, SchemaNotMigratedError
+
+if TYPE_CHECKING:
+    from alembic.config import Config as AlembicConfig
 
 DATABASE_URL_ENV = "RECEIPTS_DATABASE_URL"
 DEFAULT_DATABASE_URL = "sqlite:///receipts.db"
@@ -136,7 +136,13 @@ def _sqlite_engine(url: URL, **kwargs: Any) -> Engine:
     return engine
 
 
-def alembic_config(raw_url: str | None = None) -> AlembicConfig:
+# Alembic is imported where it is used: it is half a second of start-up that the journal writer process,
+# which only writes receipts, should not pay (it imports this module for make_engine).
+
+
+def alembic_config(raw_url: str | None = None) -> "AlembicConfig":
+    from alembic.config import Config as AlembicConfig
+
     cfg = AlembicConfig()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     if raw_url is not None:
@@ -145,12 +151,16 @@ def alembic_config(raw_url: str | None = None) -> AlembicConfig:
 
 
 def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
     heads = ScriptDirectory.from_config(alembic_config()).get_heads()
     return heads[0]
 
 
 def check_schema(engine: Engine) -> None:
     """Refuse to run on a database that is not at the migration head."""
+    from alembic.runtime.migration import MigrationContext
+
     try:
         with engine.connect() as conn:
             current = MigrationContext.configure(conn).get_current_revision()
