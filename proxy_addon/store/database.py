@@ -55,7 +55,7 @@ class Database:
         with self.storage_errors(), self.engine.begin() as conn:
             yield conn
 
-    # -- the write transactions ---------------------------------------------------------------------------------
+    # -- the hot path's transactions ------------------------------------------------------------------------
 
     def enable_group_commit(self, max_batch: int = 64) -> None:
         """Send every `write` through one writer thread that commits what is queued together (SQLite: one
@@ -68,10 +68,21 @@ class Database:
             self._committer.stop()
             self._committer = None
 
-    def write[T](self, work: Callable[[Connection], T]) -> T:
-        """Run `work` in one committed transaction: the group committer's, or one on a fresh checkout."""
+    @contextmanager
+    def hot_connection(self) -> Iterator[Connection | None]:
+        """The connection that one request's transactions share; none under group commit (the writer has its own)."""
+        if self._committer is not None:
+            yield None
+            return
+        with self.engine.connect() as conn:
+            yield conn
+
+    def write[T](self, work: Callable[[Connection], T], conn: Connection | None = None) -> T:
+        """Run `work` in one committed transaction: the group committer's, or one on `conn` (or a fresh checkout)."""
         if self._committer is not None:
             return self._committer.run(work)
+        if conn is not None:
+            return in_transaction(conn, work)
         with self.engine.connect() as fresh:
             return in_transaction(fresh, work)
 
