@@ -13,6 +13,7 @@ from pathlib import Path
 
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.redaction import counts_for_account
+from proxy_addon.signing import NO_SIGNING, Signing, account_part
 
 SECRET_ENV = "RECEIPTS_SECRET"
 ANONYMOUS = "anonymous"
@@ -57,10 +58,18 @@ class AccountHasher:
     def __init__(self, key: bytes):
         self._key = key
 
-    def account_of(self, headers: list[tuple[str, str]], secret_headers: frozenset[str] = frozenset()) -> str:
-        """`acct:<hex>` over the credential headers present (sorted), or `anonymous` when there are none.
-        `secret_headers`: the configured `redact_headers`, added to the built-in ones."""
-        creds = sorted((n.lower(), v) for n, v in headers if counts_for_account(n, secret_headers))
+    def account_of(
+        self,
+        headers: list[tuple[str, str]],
+        secret_headers: frozenset[str] = frozenset(),
+        signing: Signing = NO_SIGNING,
+        signers: list[tuple[str, str]] | None = None,
+    ) -> str:
+        """`acct:<hex>` over the credentials present (sorted), or `anonymous` when there are none.
+        `secret_headers`: the configured `redact_headers`, added to the built-in ones. A header signed per
+        attempt counts by its signer alone (signing.py), as do `signers` (a presigned URL's)."""
+        parts = (account_part(n, v, signing) for n, v in headers if counts_for_account(n, secret_headers))
+        creds = sorted([p for p in parts if p is not None] + (signers or []))
         if not creds:
             return ANONYMOUS
         mac = hmac.new(self._key, digestmod=hashlib.sha256)

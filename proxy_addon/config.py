@@ -6,6 +6,7 @@ the request path never re-reads or re-parses configuration.
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -18,6 +19,7 @@ from proxy_addon.exceptions import ConfigError
 from proxy_addon.operations import MUTATING_METHODS, OperationRule, ProtocolName, method_token
 from proxy_addon.protocols.hosts import check_host_key, find_host_entry, is_model_api
 from proxy_addon.redaction import SECRET_HEADER_NAMES, SecretFields, SecretHeaders
+from proxy_addon.signing import NO_SIGNING, SignerPattern, Signing
 from proxy_addon.units import Duration, PositiveDuration, Size, StrictModel
 
 # The secret headers named outright; redaction.py adds every name containing auth, token, key, ...
@@ -39,6 +41,39 @@ class InFlight(StrictModel):
     max_wait: PositiveDuration = 30.0
 
 
+class SigningSettings(StrictModel):
+    """An in-house per-request signing scheme, beside the recognised ones (signing.py): `signers` maps a header
+    to a pattern whose `signer` group is the key id (only it counts for the account; the header is a secret);
+    `per_attempt` names headers, query and form fields that count for neither the account nor the identity."""
+
+    signers: dict[str, str] = Field(default_factory=dict)
+    per_attempt: list[str] = Field(default_factory=list)
+
+    @field_validator("signers")
+    @classmethod
+    def _signer_patterns(cls, signers: dict[str, str]) -> dict[str, str]:
+        for header, pattern in signers.items():
+            try:
+                compiled = re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"signers.{header}: not a regular expression: {e}") from None
+            if "signer" not in compiled.groupindex:
+                raise ValueError(f"signers.{header}: the pattern needs a (?P<signer>...) group naming the key id")
+        return signers
+
+
+def merge_signing(*layers: SigningSettings | None) -> Signing:
+    """defaults, then the host: signers by header (the host's win), per_attempt names added together."""
+    signers: dict[str, SignerPattern] = {}
+    per_attempt: set[str] = set()
+    for layer in layers:
+        if layer is None:
+            continue
+        signers.update({h.lower(): SignerPattern(h.lower(), re.compile(p)) for h, p in layer.signers.items()})
+        per_attempt.update(n.lower() for n in layer.per_attempt)
+    return Signing(signers, frozenset(per_attempt))
+
+
 class HostOverrides(StrictModel):
     """What a host may set; anything left out comes from `defaults` (`upstream_deadline: null` on a host
     turns a default deadline off)."""
@@ -55,6 +90,7 @@ class HostOverrides(StrictModel):
     idempotency_key_header: str | None = None
     journal: bool | None = None  # false: this host's traffic passes through (true: journal a model API too)
     protocol: ProtocolName | None = None
+    signing: SigningSettings | None = None
 
 
 class Defaults(StrictModel):
@@ -70,6 +106,7 @@ class Defaults(StrictModel):
     idempotency_key_header: str = "Idempotency-Key"
     journal: bool = True  # false: every host passes through unless its entry says journal: true
     protocol: ProtocolName = "auto"  # auto | rest | graphql | jsonrpc: how requests are read (protocols/)
+    signing: SigningSettings = SigningSettings()  # in-house per-request signatures (signing.py knows the common ones)
 
 
 class HostConfig(HostOverrides):
@@ -170,6 +207,7 @@ class HostPolicy:
     journal: bool = True  # false: passes through (the host's `journal: false`, or a model API)
     protocol: ProtocolName = "auto"
     model_api: bool = False  # a well-known model API host (protocols/hosts.py)
+    signing: Signing = NO_SIGNING
 
     def match_operation(self, method: str, path: str) -> tuple[OperationRule, dict[str, str]] | None:
         for rule in self.operations:
@@ -224,6 +262,8 @@ class ReceiptsConfig(StrictModel):
             value = getattr(entry, name)
             return getattr(d, name) if value is None else value
 
+        signing = merge_signing(d.signing, entry.signing)
+
         return HostPolicy(
             upstream_timeout=pick("upstream_timeout"),
             # None is "inherit" for every other key; a host that writes `upstream_deadline: null` means "none"
@@ -232,11 +272,12 @@ class ReceiptsConfig(StrictModel):
             unknown_statuses=frozenset(pick("unknown_statuses")),
             after_success=pick("after_success"),
             in_flight=pick("in_flight"),
-            redact_headers=SecretHeaders(h.lower() for h in [*d.redact_headers, *(entry.redact_headers or [])]),
+            redact_headers=SecretHeaders(h.lower() for h in [*d.redact_headers, *(entry.redact_headers or []), *signing.signers]),
             redact_fields=SecretFields(f.lower() for f in [*d.redact_fields, *(entry.redact_fields or [])]),
             inject_idempotency_key=pick("inject_idempotency_key"),
             idempotency_key_header=pick("idempotency_key_header"),
             operations=tuple(entry.operations),
+            signing=signing,
             **self._journal_policy(entry, host),
         )
 

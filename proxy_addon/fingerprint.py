@@ -33,6 +33,7 @@ from mitmproxy.net.http.multipart import decode_multipart
 from proxy_addon import redaction
 from proxy_addon.operations import FingerprintRule
 from proxy_addon.redaction import REDACTED
+from proxy_addon.signing import NO_SIGNING, Signing, split_pairs
 
 FINGERPRINT_VERSION = 1
 MAX_CANONICAL_BODY = 1024 * 1024  # JSON and form bodies longer than this are identified by their bytes
@@ -65,6 +66,7 @@ class BodyIdentity:
     form: dict[str, Any] | None = None  # a form's fields, redacted
     note: str | None = None
     keyed: "Keyed | None" = field(default=None, compare=False, repr=False)  # for a protocol's own secrets (GraphQL)
+    signers: tuple[tuple[str, str], ...] = ()  # a signed form's signer, for the account (signing.py)
 
     @cached_property
     def document(self) -> Any:
@@ -79,6 +81,7 @@ def analyse_body(
     redact_fields: frozenset[str],
     rule: FingerprintRule | None = None,
     keyed: Keyed | None = None,
+    signing: Signing = NO_SIGNING,
 ) -> BodyIdentity:
     if not body:
         return BodyIdentity("empty", None, b"")
@@ -93,7 +96,7 @@ def analyse_body(
         if sniffed.kind == "json" or len(body) > MAX_CANONICAL_BODY:
             return sniffed
     if mime == "application/x-www-form-urlencoded":
-        return _form_identity(body, redact_fields, keyed)
+        return _form_identity(body, redact_fields, keyed, signing)
     if mime.startswith("multipart/form-data"):
         return _multipart_identity(content_type or "", body, redact_fields, keyed)
     return _bytes_identity(body)
@@ -199,7 +202,7 @@ def _select_fields(document: Any, rule: FingerprintRule | None) -> Any:
     return document
 
 
-def _form_identity(body: bytes, redact_fields: frozenset[str], keyed: Keyed) -> BodyIdentity:
+def _form_identity(body: bytes, redact_fields: frozenset[str], keyed: Keyed, signing: Signing) -> BodyIdentity:
     costly = too_costly(body)
     if costly:
         return _unparsed_identity(body, f"form body {costly}; fingerprinted as bytes", keyed)
@@ -208,11 +211,12 @@ def _form_identity(body: bytes, redact_fields: frozenset[str], keyed: Keyed) -> 
     except (UnicodeDecodeError, ValueError):
         return _unparsed_identity(body, "form body does not parse; fingerprinted as bytes", keyed)
     redacted = redaction.redact_pairs(pairs, redact_fields)
-    identity = identity_pairs(pairs, redact_fields, keyed)
+    signed = split_pairs(pairs, signing)  # OAuth 1.0a may sign in the form: its signature counts for nothing
+    identity = identity_pairs(signed.kept, redact_fields, keyed)
     document: dict[str, Any] = {}
     for k, v in redacted:
         document.setdefault(k, v)
-    return BodyIdentity("form", sorted(identity), urlencode(redacted).encode(), document)
+    return BodyIdentity("form", sorted(identity), urlencode(redacted).encode(), document, signers=tuple(signed.signers))
 
 
 def identity_pairs(pairs: list[tuple[str, str]], redact_fields: frozenset[str], keyed: Keyed) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ from proxy_addon.fingerprint import analyse_body, identity_pairs, intent_fingerp
 from proxy_addon.operations import OperationRule
 from proxy_addon.protocols.routing import match_rule
 from proxy_addon.records import Intent
+from proxy_addon.signing import split_pairs
 
 _ID_SEGMENT = re.compile(r"^(\d+|[0-9a-fA-F-]{16,}|[A-Za-z0-9_-]{24,})$")
 
@@ -38,14 +39,22 @@ def build_intent(
     """The intent to journal for this request (fingerprint, account, redacted copy) and the rule it matched."""
     matched = match_rule(policy, facts.method, facts.path, facts.call.name)  # a rule may name the protocol's call
     rule = matched[0] if matched else None
-    body = analyse_body(facts.content_type, facts.body, policy.redact_fields, rule.fingerprint if rule else None, hasher.digest)
+    body = analyse_body(
+        facts.content_type, facts.body, policy.redact_fields, rule.fingerprint if rule else None, hasher.digest, policy.signing
+    )
     body = facts.call.identity(body, rule)  # GraphQL, MCP: the protocol's identity of the write
     query = redact_query(facts.query, policy.redact_fields)
-    identity_query = identity_pairs(facts.query, policy.redact_fields, hasher.digest)
+    signed_query = split_pairs(facts.query, policy.signing)  # a presigned URL's signature counts for nothing
+    identity_query = identity_pairs(signed_query.kept, policy.redact_fields, hasher.digest)
     fingerprint = intent_fingerprint(facts.method, facts.host, facts.port, facts.path, identity_query, body)
     # the host's idempotency key header is the agent's key for one write, never its credential
     key_header = policy.idempotency_key_header.lower()
-    account = hasher.account_of([(n, v) for n, v in facts.headers if n.lower() != key_header], policy.redact_headers)
+    account = hasher.account_of(
+        [(n, v) for n, v in facts.headers if n.lower() != key_header],
+        policy.redact_headers,
+        policy.signing,
+        signed_query.signers + list(body.signers),
+    )
     stored = body.stored
     intent = Intent(
         operation_id=operation_id,
