@@ -14,7 +14,7 @@ from proxy_addon.fingerprint import analyse_body, identity_pairs, intent_fingerp
 from proxy_addon.operations import OperationRule
 from proxy_addon.protocols.routing import match_rule
 from proxy_addon.records import Intent
-from proxy_addon.signing import split_pairs
+from proxy_addon.signing import split_pairs, unsigned_body
 
 _ID_SEGMENT = re.compile(r"^(\d+|[0-9a-fA-F-]{16,}|[A-Za-z0-9_-]{24,})$")
 
@@ -40,7 +40,12 @@ def build_intent(
     matched = match_rule(policy, facts.method, facts.path, facts.call.name)  # a rule may name the protocol's call
     rule = matched[0] if matched else None
     body = analyse_body(
-        facts.content_type, facts.body, policy.redact_fields, rule.fingerprint if rule else None, hasher.digest, policy.signing
+        facts.content_type,
+        unsigned_body(facts.headers, facts.body),
+        policy.redact_fields,
+        rule.fingerprint if rule else None,
+        hasher.digest,
+        policy.signing,
     )
     body = facts.call.identity(body, rule)  # GraphQL, MCP: the protocol's identity of the write
     query = redact_query(facts.query, policy.redact_fields)

@@ -167,6 +167,20 @@ def _authorization_signer(value: str) -> tuple[str, str] | None:
     return None
 
 
+_CHUNK_SIGNATURE = re.compile(rb";chunk-signature=[0-9a-fA-F]*")
+_TRAILER_SIGNATURE = re.compile(rb"(?im)^x-amz-trailer-signature:[0-9a-fA-F]*\r?\n")
+
+
+def unsigned_body(headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
+    """A body AWS signs chunk by chunk (`x-amz-content-sha256: STREAMING-AWS4-...`, as the Java and JavaScript
+    SDKs send an upload) without its chunk and trailer signatures, which chain from the attempt's own signature;
+    any other body as it is."""
+    content_sha = next((v for n, v in headers if n.lower() == "x-amz-content-sha256"), "")
+    if not content_sha.upper().startswith("STREAMING-AWS4-"):
+        return body
+    return _TRAILER_SIGNATURE.sub(b"", _CHUNK_SIGNATURE.sub(b"", body))
+
+
 @dataclass(frozen=True)
 class SignedPairs:
     """Query or form pairs split: what counts for the identity, and the signers that count for the account."""

@@ -317,3 +317,28 @@ def test_nothing_readable_of_a_signature_is_stored():
     for secret in (SESSION.access_key, SESSION.token, dict(facts.headers)["Authorization"].split("Signature=")[1]):
         assert secret not in text
     assert re.fullmatch(r"acct:[0-9a-f]{40}", intent.account)
+
+
+def chunked_upload(seed: str) -> bytes:
+    """An upload signed chunk by chunk (AWS's STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER): each chunk signature
+    chains from the attempt's own seed signature."""
+    sig = lambda n: (seed * 64)[n : n + 64]  # noqa: E731
+    return (
+        f"400;chunk-signature={sig(0)}\r\n".encode() + b"a" * 1024 + b"\r\n"
+        + f"0;chunk-signature={sig(1)}\r\n".encode()
+        + f"x-amz-checksum-crc32c:sOO8/Q==\r\nx-amz-trailer-signature:{sig(2)}\r\n\r\n".encode()
+    )
+
+
+def test_an_upload_signed_chunk_by_chunk_is_one_intent_across_attempts():
+    headers = [("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"), ("Content-Encoding", "aws-chunked")]
+    url = "https://bucket.s3.us-east-1.amazonaws.com/big.bin"
+
+    def put(seed: str, body_headers=headers):
+        return intent_of(facts_of("PUT", url, body_headers, chunked_upload(seed), "application/octet-stream"))
+
+    a, b = put("ab12"), put("cd34")
+    assert a.intent_fingerprint == b.intent_fingerprint
+    assert b"chunk-signature" not in (a.request_body or b"") and "ab12ab12" not in repr(a)  # nor stored
+    plain = [("x-amz-content-sha256", "UNSIGNED-PAYLOAD")]
+    assert put("ab12", plain).intent_fingerprint != put("cd34", plain).intent_fingerprint  # not a signed stream
