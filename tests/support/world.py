@@ -137,6 +137,11 @@ class World(Served):
             record = self.articles.get(record_id)
         return _public(record) if record else None
 
+    def show(self, record_id: str) -> None:
+        """Reads show this article from now on (an eventually consistent store catching up)."""
+        with self.lock:
+            self.articles[record_id]["_visible_at"] = time.monotonic()
+
     def visible_at(self, record_id: str) -> float:
         """When (time.monotonic) reads begin to show this article."""
         with self.lock:
