@@ -33,6 +33,7 @@ pytestmark = pytest.mark.postgres
 
 REGION = "us-east-1"
 READ_TIMEOUT = 0.8  # the SDK's read timeout: shorter than the front's hold
+LONG_READ_TIMEOUT = 3.0  # when the retry is provoked by a reset or a 500, which come within a second
 HOLD = 2.0  # how long the front holds a lost answer (DELAY)
 MAX_ATTEMPTS = 4
 KEYS = {"agent-a": ("AKIAAGENTAAAAAAAAAAA", "secret-a"), "agent-b": ("AKIAAGENTBBBBBBBBBBB", "secret-b")}
@@ -80,20 +81,26 @@ def config(fronts, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def proxy(config, database, tmp_path_factory):
+def proxy(config, database, moto_server, tmp_path_factory):
     running = start_inprocess_proxy(config, database, tmp_path_factory.mktemp("confdir"))
     try:
+        # a first journaled write, so that no test's first attempt pays for the proxy's warm-up
+        warm = requests.post(f"{moto_server[0]}/warm-up", proxies={"http": running.url}, timeout=30)
+        assert "X-Receipt-Id" in warm.headers
         yield running
     finally:
         running.stop()
 
 
-def client(service: str, endpoint: str, proxy_url: str | None, key: str = "agent-a", attempts: int = MAX_ATTEMPTS):
+def client(
+    service: str, endpoint: str, proxy_url: str | None, key: str = "agent-a", attempts: int = MAX_ATTEMPTS,
+    read_timeout: float = READ_TIMEOUT,
+):
     key_id, secret = KEYS[key]
     session = boto3.session.Session(aws_access_key_id=key_id, aws_secret_access_key=secret, region_name=REGION)
     config = Config(
         proxies={"http": proxy_url} if proxy_url else None,
-        read_timeout=READ_TIMEOUT,
+        read_timeout=read_timeout,
         connect_timeout=2,
         retries={"max_attempts": attempts, "mode": "standard"},
         s3={"addressing_style": "path"},
@@ -207,7 +214,7 @@ def presigned_put(s3, key):
         assert url, "the presigned URL did not change"
         last_date = parse_qs(urlsplit(url).query)["X-Amz-Date"][0]
         try:
-            answer = requests.put(url, data=f"contents of {key}".encode(), proxies=proxies, timeout=READ_TIMEOUT)
+            answer = requests.put(url, data=f"contents of {key}".encode(), proxies=proxies, timeout=s3.meta.config.read_timeout)
         except (requests.ConnectionError, requests.Timeout) as e:
             answer = e
             continue
@@ -262,11 +269,15 @@ def tagged(t: str):
 
 
 def run(write: Write, moto_url: str, front: FaultyFront, fault: str, proxy_url: str | None, key: str = "agent-a"):
+    """One SDK call whose first attempt meets `fault`; returns once every answer the front held is delivered
+    (so that what moto did is all there is to count)."""
     t = tag()
     context = write.setup(moto_url, t)
-    front.arm(fault, tagged(t), times=1, delay=HOLD)
-    sdk = client(write.service.split()[0], front.base, proxy_url, key)
+    front.arm(fault, tagged(t), times=1, delay=HOLD, next_second=True)
+    timeout = READ_TIMEOUT if fault == DELAY else LONG_READ_TIMEOUT
+    sdk = client(write.service.split()[0], front.base, proxy_url, key, read_timeout=timeout)
     outcome, answer = returned(lambda: write.call(sdk, context))
+    assert front.wait_idle(HOLD + 5), "the front still holds an answer"
     return t, context, outcome, answer
 
 
@@ -316,8 +327,9 @@ def test_two_access_keys_with_the_same_body_are_two_accounts(moto_server, fronts
     queue_url = write.setup(moto_url, t)
     answers = {}
     for key in KEYS:
-        front.arm(RESET, tagged(t), times=1)  # each signer's call meets its own reset, then retries
-        answers[key] = returned(lambda key=key: write.call(client("sqs", front.base, proxy.url, key), queue_url))[0]
+        front.arm(RESET, tagged(t), times=1, next_second=True)  # each signer's call meets its own reset, then retries
+        sdk = client("sqs", front.base, proxy.url, key, read_timeout=LONG_READ_TIMEOUT)
+        answers[key] = returned(lambda sdk=sdk: write.call(sdk, queue_url))[0]
     assert queue_depth(moto_url, queue_url) == 2, answers
     assert front.count(tagged(t)) == 2, answers  # one per signer: neither signer's retry was forwarded
 
@@ -341,7 +353,8 @@ def test_the_same_key_after_a_proxy_kill_and_restart_is_one_intent(moto_server, 
         proc.wait(10)
         sender.join(10)
         second, port = start_proxy_process(config, database, tmp_path / "confdir", tmp_path / "second.log", port=port)
-        again = returned(lambda: write.call(client("sqs", front.base, f"http://127.0.0.1:{port}"), queue_url))[0]
+        repeat = client("sqs", front.base, f"http://127.0.0.1:{port}", read_timeout=LONG_READ_TIMEOUT)
+        again = returned(lambda: write.call(repeat, queue_url))[0]
         effects = queue_depth(moto_url, queue_url)
         record(Outcome("boto3", write.service, "proxy SIGKILL + restart", "refuse", effects, f"{first.get('r')}; then {again}"))
         assert effects == 1, f"{effects} effects; the repeat after the restart returned {again}"

@@ -6,16 +6,21 @@ real server's whole answer (so the effect has happened), and then, by the fault'
 - `DELAY`: holds the answer for `delay` seconds, then sends it (past the SDK's read timeout);
 - `RESET`: resets the client's connection (SO_LINGER 0) without answering;
 - `ERROR_500`: answers 500 with an empty body (as a load balancer does) instead of the server's answer.
-Every other request passes untouched. `forwarded` counts the requests that reached the real server.
+With `next_second`, a reset or a 500 comes only once the wall clock has passed into the next second after the
+request arrived: an SDK that signs each attempt with a date to the second (SigV4's `X-Amz-Date`, Azure's
+`x-ms-date`) then signs its retry with another date, as any retry a second or more later is. Every other request
+passes untouched. `forwarded` counts the requests that reached the real server.
 
 One thread per client connection (h11 parses what the client sends; the server is asked with http.client on a
 connection of its own per request); every hold waits on the stop event, so `stop()` ends them at once.
 """
 
 import http.client
+import math
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +55,7 @@ class Fault:
     matches: Predicate
     times: int = 1
     delay: float = 2.0
+    next_second: bool = False
 
 
 @dataclass
@@ -82,6 +88,10 @@ class FaultyFront:
     def stop(self) -> None:
         self._stop.set()
         if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread; close() alone does not
+            except OSError:
+                pass
             self._listener.close()
         with self._changed:
             clients = list(self._clients)
@@ -93,10 +103,10 @@ class FaultyFront:
         for t in self._threads:
             t.join(5)
 
-    def arm(self, kind: str, matches: Predicate, times: int = 1, delay: float = 2.0) -> Fault:
+    def arm(self, kind: str, matches: Predicate, times: int = 1, delay: float = 2.0, next_second: bool = False) -> Fault:
         """The next `times` requests for which `matches(method, target, body)` holds get this fault."""
         assert kind in KINDS, kind
-        fault = Fault(kind, matches, times, delay)
+        fault = Fault(kind, matches, times, delay, next_second)
         with self._changed:
             self._faults.append(fault)
         return fault
@@ -190,6 +200,7 @@ class FaultyFront:
     def _relay(self, conn: socket.socket, h: h11.Connection, request: h11.Request, body: bytes) -> bool:
         method, target = request.method.decode(), request.target.decode()
         headers = [(k.decode().lower(), v.decode("latin-1")) for k, v in request.headers]
+        arrived = time.time()
         fault = self._take_fault(method, target, body)
         with self._changed:
             self._busy += 1
@@ -199,6 +210,8 @@ class FaultyFront:
                 self.seen.append(Seen(method, target, tuple(headers), body, fault.kind if fault else None))
                 self._changed.notify_all()
             if fault is not None and fault.kind == DELAY and self._stop.wait(fault.delay):
+                return False
+            if fault is not None and fault.next_second and self._stop.wait(max(0.0, math.floor(arrived) + 1 - time.time())):
                 return False
             if fault is not None and fault.kind == RESET:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
