@@ -13,7 +13,6 @@ import subprocess
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import stripe
@@ -21,8 +20,8 @@ from azure.storage.queue import LinearRetry, QueueClient
 from github import Auth, Github, GithubRetry
 from slack_sdk import WebClient
 from slack_sdk.http_retry.builtin_handlers import ConnectionErrorRetryHandler
-from support.e2e import migrate, pg_database, stop_process, tag, wait_for
-from support.faulty_front import DELAY, ERROR_500, KINDS, RESET, FaultyFront
+from support.e2e import migrate, pg_database, stop_process, wait_for
+from support.faulty_front import DELAY, KINDS, RESET, FaultyFront
 from support.proxy import REPO, start_inprocess_proxy
 from support.sdk_results import Outcome, record
 from support.sdk_upstreams import SdkUpstream
