@@ -278,6 +278,7 @@ def run(write: Write, moto_url: str, front: FaultyFront, fault: str, proxy_url: 
     timeout = READ_TIMEOUT if fault == DELAY else LONG_READ_TIMEOUT
     sdk = client(write.service.split()[0], front.base, proxy_url, key, read_timeout=timeout)
     outcome, answer = returned(lambda: write.call(sdk, context))
+    assert front.wait_for(tagged(t), 1, 10), "nothing reached the server"  # the first attempt, at least
     assert front.wait_idle(HOLD + 5), "the front still holds an answer"
     return t, context, outcome, answer
 
