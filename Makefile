@@ -29,6 +29,7 @@ test: $(STAMP)
 	scripts/ensure-postgres
 	scripts/ensure-chromium
 	scripts/ensure-faketime
+	scripts/ensure-azurite
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest $(PYTEST_ARGS)
