@@ -3,6 +3,7 @@ the upstream effects counted on the server and what the SDK call returned. The e
 the end of the run; `python -m support.sdk_results FILE` prints a saved one."""
 
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +24,14 @@ class Outcome:
 
 
 ROWS: list[Outcome] = []
+FULL_TABLE = bool(os.environ.get("RECEIPTS_SDK_FULL_TABLE"))
+
+
+def cases(every: list, default: list) -> list:
+    """The cases a run takes: `default` (every SDK and service, every fault kind, each at least once, chosen
+    where the bug showed before the fix), or `every` one with RECEIPTS_SDK_FULL_TABLE=1, for the whole table."""
+    assert set(default) <= set(every), set(default) - set(every)
+    return every if FULL_TABLE else default
 
 
 def record(outcome: Outcome) -> None:
