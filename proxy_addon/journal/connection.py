@@ -4,6 +4,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from sqlalchemy import event
+
 from proxy_addon.db import make_engine, parse_database_url
 from proxy_addon.journal.statements import DriverStatements
 
@@ -11,7 +13,10 @@ from proxy_addon.journal.statements import DriverStatements
 class DriverConnection:
     """A driver connection (sqlite3 or psycopg) set up as every other connection of the project (db.py: SQLite in
     WAL mode with synchronous=FULL and a busy timeout; PostgreSQL with its idle-in-transaction timeout), and
-    its transactions.
+    its transactions. Its waits are bounded by `wait` (seconds): a lock (SQLite's busy timeout, PostgreSQL's
+    lock_timeout) and, on PostgreSQL, a statement (statement_timeout); and PostgreSQL checks every second that
+    the writer is still there while a statement runs, so that a writer killed by its proxy (client.py) does not
+    leave a statement behind that would commit later.
 
     After a failed transaction the connection is closed and the next one opens a fresh one (a SQLite connection
     opened while the file was read-only stays read-only; a PostgreSQL one may be broken). `usable` then says
@@ -19,10 +24,12 @@ class DriverConnection:
     (it may have happened), nor when the server is gone.
     """
 
-    def __init__(self, database_url: str):
+    def __init__(self, database_url: str, wait: float | None = None):
         url = parse_database_url(database_url)
         pool = {"pool_size": 1, "max_overflow": 0} if url.get_backend_name() == "postgresql" else {}
-        self.engine = make_engine(database_url, pool_pre_ping=False, **pool)
+        self.engine = make_engine(database_url, pool_pre_ping=False, lock_wait=wait, statement_wait=wait, **pool)
+        if url.get_backend_name() == "postgresql":
+            event.listen(self.engine, "connect", _check_client_while_running)
         self.dialect = self.engine.dialect.name
         self.statements = DriverStatements(self.engine.dialect)
         self.usable = True
@@ -79,3 +86,11 @@ class DriverConnection:
                 self._pooled.close()
             self._pooled = None
         self.engine.dispose()
+
+
+def _check_client_while_running(dbapi_conn: Any, _record: Any) -> None:
+    if dbapi_conn.info.server_version < 140000:  # PostgreSQL 14 has it
+        return
+    with dbapi_conn.cursor() as cur:
+        cur.execute("SET client_connection_check_interval = 1000")
+    dbapi_conn.commit()

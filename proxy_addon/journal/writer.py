@@ -10,6 +10,11 @@ SQLite, one WAL flush on PostgreSQL), commits, and only then answers them. If th
 it committed: each request then runs alone in a transaction of its own, so that one bad request fails alone
 and the others are still written.
 
+Nothing stale: each request carries the moment past which its proxy no longer waits for it (its
+journal_timeout). One that is past it is not written, and a batch is not committed once one of its requests is
+past it; the proxy answers such a write 503 and sends nothing. (A writer that stops answering is killed by its
+proxy anyway: client.py.)
+
     python -m proxy_addon.journal.writer --fd N    (the proxy runs this; the first frame says which database)
 """
 
@@ -17,21 +22,29 @@ import argparse
 import os
 import socket
 import sys
+import time
 from typing import Any
 
+from proxy_addon.db import database_wait
 from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal.connection import DriverConnection
 from proxy_addon.journal.hot_path import HotPath
-from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Record, Reply, Setup, frame, split_frames
+from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Ready, Record, Reply, Setup, frame, split_frames
 from proxy_addon.log import configure_logging, get_logger
 
 log = get_logger("receipts.journal_writer")
 RECEIVE_SIZE = 1 << 18
+TOO_LATE = "the write waited longer than proxy.journal_timeout, so it was not written"
+EXPIRED = f"cannot write the journal: {TOO_LATE}"
+
+
+class ExpiredError(Exception):
+    """A request of the batch is past its deadline: nobody waits for its answer any more."""
 
 
 class JournalWriter:
-    def __init__(self, database_url: str, max_batch: int):
-        self.connection = DriverConnection(database_url)
+    def __init__(self, database_url: str, max_batch: int, wait: float | None = None):
+        self.connection = DriverConnection(database_url, wait)
         self.max_batch = max_batch
         self.proxy_pid = os.getppid()
 
@@ -47,7 +60,14 @@ class JournalWriter:
             requests = split_frames(buffer)
 
     def run(self, batch: list[tuple[int, Any]]) -> list[tuple[int, Reply]]:
-        """Every request of `batch` in one transaction, answered after its COMMIT; alone each if that fails."""
+        """Every request of `batch` in one transaction, answered after its COMMIT; alone each if that fails.
+        Those past their deadline are answered as not written, and are not."""
+        now = time.monotonic()
+        late = [(request_id, Failed("unavailable", EXPIRED)) for request_id, request in batch if request.deadline <= now]
+        if late:
+            live = [(request_id, request) for request_id, request in batch if request.deadline > now]
+            log.warning("journal_writes_expired", requests=len(late))
+            return late + (self.run(live) if live else [])
         try:
             with self.connection.transaction(alone=len(batch) == 1) as conn:
                 self._exit_if_orphaned()
@@ -55,6 +75,8 @@ class JournalWriter:
                 sent = hot.pipelined([request for _, request in batch])
                 replies = [(request_id, _apply(hot, request, first)) for (request_id, request), first in zip(batch, sent, strict=True)]
                 self._exit_if_orphaned()
+                if conn.autocommit is not True and time.monotonic() >= min(request.deadline for _, request in batch):
+                    raise ExpiredError(TOO_LATE)  # not committed: each runs alone again, and the late one is refused
                 return replies
         except Exception as e:  # noqa: BLE001 - nothing of the batch committed: say why, to each or one by one
             reason = _one_line(e)
@@ -129,7 +151,8 @@ def serve_socket(sock: socket.socket, configure_log: bool) -> None:
     setup, requests = _setup_frame(sock, buffer)
     if configure_log:
         configure_logging(setup.log_level, setup.log_format)
-    writer = JournalWriter(setup.database_url, setup.max_batch)
+    writer = JournalWriter(setup.database_url, setup.max_batch, database_wait(setup.journal_timeout))
+    sock.sendall(frame(0, Ready()))
     try:
         writer.serve(sock, buffer, requests)
     finally:
