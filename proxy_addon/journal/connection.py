@@ -34,23 +34,28 @@ class DriverConnection:
         self.statements = DriverStatements(self.engine.dialect)
         self.usable = True
         self._pooled: Any = None  # SQLAlchemy's PoolProxiedConnection around the driver's connection
+        self._wait_ms = None if wait is None else max(1, round(wait * 1000))  # what a new connection is set to
+        self._bound_ms = self._wait_ms  # what the open connection is set to
 
     @contextmanager
-    def transaction(self, alone: bool = False) -> Iterator[Any]:
+    def transaction(self, alone: bool = False, within: float | None = None) -> Iterator[Any]:
         """The driver connection in a write transaction, committed on leaving without an exception.
 
         `alone`: the work writes with at most one statement (one request of the hot path on PostgreSQL, where
         each request's rows are one statement): then it runs in autocommit, the statement its own transaction,
-        and no BEGIN or COMMIT round trip is spent on it."""
+        and no BEGIN or COMMIT round trip is spent on it. `within` (seconds): the work's waits end by then even
+        when that is sooner than the connection's own bound (the earliest deadline of its requests)."""
         self.usable = False
         driver = self._driver()
         self.usable = True
         autocommit = alone and self.dialect == "postgresql"
         try:
+            if self.dialect == "postgresql" and driver.autocommit != autocommit:
+                driver.autocommit = autocommit
+            if within is not None:
+                self._bound(driver, within)
             if self.dialect == "sqlite":
                 driver.execute("BEGIN IMMEDIATE")  # the write lock now: no deadlock on a later upgrade
-            elif driver.autocommit != autocommit:
-                driver.autocommit = autocommit
             yield driver
         except BaseException:
             self._discard(driver)
@@ -65,9 +70,27 @@ class DriverConnection:
             self._discard(driver)
             raise
 
+    def _bound(self, driver: Any, seconds: float) -> None:
+        """Bound this connection's waits (a lock; on PostgreSQL, a statement) to `seconds`, or to its own bound
+        if that is sooner. Set only when it changes: a SET costs a round trip when it is alone. On PostgreSQL
+        the SET is part of the transaction: if that fails, the connection is discarded, and the next one is set
+        up afresh."""
+        ms = max(1, int(seconds * 1000))
+        if self._wait_ms is not None:
+            ms = min(ms, self._wait_ms)
+        if ms == self._bound_ms:
+            return
+        if self.dialect == "sqlite":
+            driver.execute(f"PRAGMA busy_timeout = {ms}")
+        else:
+            driver.execute(f"SET statement_timeout = {ms}")
+            driver.execute(f"SET lock_timeout = {ms}")
+        self._bound_ms = ms
+
     def _driver(self) -> Any:
         if self._pooled is None:
             self._pooled = self.engine.raw_connection()
+            self._bound_ms = self._wait_ms
         return self._pooled.driver_connection
 
     def _discard(self, driver: Any) -> None:

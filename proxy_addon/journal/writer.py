@@ -68,8 +68,9 @@ class JournalWriter:
             live = [(request_id, request) for request_id, request in batch if request.deadline > now]
             log.warning("journal_writes_expired", requests=len(late))
             return late + (self.run(live) if live else [])
+        within = min(request.deadline for _, request in batch) - now  # no wait of the batch lasts past it
         try:
-            with self.connection.transaction(alone=len(batch) == 1) as conn:
+            with self.connection.transaction(alone=len(batch) == 1, within=within) as conn:
                 self._exit_if_orphaned()
                 hot = HotPath(conn, self.connection.statements)
                 sent = hot.pipelined([request for _, request in batch])
@@ -80,7 +81,7 @@ class JournalWriter:
                 return replies
         except Exception as e:  # noqa: BLE001 - nothing of the batch committed: say why, to each or one by one
             reason = _one_line(e)
-            if len(batch) == 1 or not self.connection.usable:
+            if len(batch) == 1 or not self.connection.usable or _waited_too_long(e):
                 log.error("journal_write_failed", requests=len(batch), error=reason)
                 return [(request_id, Failed("unavailable", f"cannot write the journal: {reason}")) for request_id, _ in batch]
             return [reply for item in batch for reply in self.run([item])]
@@ -125,6 +126,17 @@ def _receive(sock: socket.socket, buffer: bytearray, chunk: memoryview) -> bool:
         if n == 0:
             return True  # the end of the socket: the next wait sees it
         buffer += chunk[:n]
+
+
+def _waited_too_long(e: BaseException) -> bool:
+    """The batch failed waiting (a lock held elsewhere, a statement or deadline timeout), not on a bad request:
+    running its requests one by one would only wait again."""
+    if isinstance(e, ExpiredError):
+        return False  # the late request is refused, the others run again
+    cause = getattr(e, "orig", None) or e
+    if getattr(cause, "sqlstate", None) in ("55P03", "57014"):  # lock_not_available, query_canceled
+        return True
+    return "database is locked" in str(cause)  # SQLite's busy timeout
 
 
 def _one_line(e: BaseException) -> str:
