@@ -9,11 +9,12 @@ died is not known, handler.py closes such a receipt itself). The next request st
 keeps dying before it answered anything is started again only after a growing pause, during which writes fail
 closed at once.
 
-A writer that stops answering (stopped, looping, waiting on a lock) is the same failure, found by the clock: no
-request waits longer than proxy.journal_timeout. A request whose time runs out while its writer is still
-starting fails alone (nothing was handed over). One that the writer holds past it means the writer is
-unresponsive: it is killed (SIGKILL: it cannot wake up later and commit what it held), and everything it held
-fails as if it had died. A writer that has not finished its start within WRITER_START_TIMEOUT is killed too.
+No request waits longer than proxy.journal_timeout: then it fails (JournalTimeoutError: 503, not sent), and
+the writer, which checks each request's deadline before it writes and before it commits, does not write it
+after (writer.py); if its commit crossed the deadline, the late answer closes the receipt as not sent. A writer
+that stops answering (stopped, looping, waiting on a lock) is found by the same clock: one that has held a
+request for proxy.journal_timeout is killed (SIGKILL: it cannot wake up later and act on what it held), and
+what it held fails as if it had died. A writer not ready within WRITER_START_TIMEOUT is killed too.
 """
 
 import asyncio
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,8 +37,10 @@ from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import (
     DuplicateIntentError,
     IllegalTransitionError,
+    JournalTimeoutError,
     JournalUnavailableError,
     ReceiptNotFoundError,
+    ReceiptsError,
     StaleStateError,
     WriterLostError,
 )
@@ -131,6 +135,16 @@ class WriterThread:
         self.sock.close()  # a thread cannot be killed; its requests carry their deadlines (writer.py)
 
 
+@dataclass(slots=True)
+class _Held:
+    """A request handed to the writer and not answered yet."""
+
+    request: Record | Advance
+    answered: "asyncio.Future[Reply]"
+    sent: float  # time.monotonic()
+    abandoned: bool = False  # its caller's time ran out: its answer, if it comes, is nobody's
+
+
 class JournalClient:
     def __init__(self, setup: Setup, start: Callable[[], WriterLink] = WriterProcess):
         self.setup = setup
@@ -139,7 +153,9 @@ class JournalClient:
         self._link: WriterLink | None = None
         self._stream: asyncio.StreamWriter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: dict[int, tuple[Record | Advance, asyncio.Future[Reply]]] = {}
+        self._pending: dict[int, _Held] = {}  # in the order sent: the first is the oldest
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)  # 0 is the setup's and the writer's Ready
         self._answered = False  # the current writer answered a request: it got past its start
         self._ready: asyncio.Future[None] | None = None  # resolved by the writer's Ready frame
@@ -186,18 +202,65 @@ class JournalClient:
             ) from None
         if stream is not self._stream:  # the writer died between its start and now: nobody would answer
             raise WriterLostError("cannot write the journal: the journal writer stopped as it started")
-        link = self._link
-        request_id = next(self._ids)
         answered: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (request, answered)
+        request_id = next(self._ids)
+        held = self._pending[request_id] = _Held(request, answered, time.monotonic())
         stream.write(frame(request_id, request))
+        if self._watchdog is None and self._link is not None:
+            self._watch_from(self._link, held.sent + self.timeout)
         try:
             async with asyncio.timeout(request.deadline - time.monotonic()):
                 return await asyncio.shield(answered)
         except TimeoutError:
-            if not answered.done() and link is not None and link is self._link:
-                self._unresponsive(link)
-            return await answered  # answered meanwhile, or failed with the writer
+            if answered.done():
+                return answered.result()
+            held.abandoned = True
+            raise JournalTimeoutError(
+                f"cannot write the journal: the journal writer did not answer within proxy.journal_timeout ({self.timeout:g}s)"
+            ) from None
+
+    def _watch_from(self, link: WriterLink, when: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_later(max(0.0, when - time.monotonic()), self._watch, link)
+
+    def _watch(self, link: WriterLink) -> None:
+        """Kill the writer if it has held its oldest request for proxy.journal_timeout; else look again then."""
+        self._watchdog = None
+        oldest = next(iter(self._pending.values()), None)
+        if link is not self._link or oldest is None:
+            return
+        if time.monotonic() >= oldest.sent + self.timeout:
+            self._unresponsive(link)
+        else:
+            self._watch_from(link, oldest.sent + self.timeout)
+
+    def _answered_late(self, held: _Held, reply: Reply) -> None:
+        """A receipt committed after its caller gave up (the commit crossed the deadline): it was not sent, so
+        close it as not sent, through the writer, as handler.py does when the writer is lost."""
+        request = held.request
+        if not (isinstance(request, Record) and isinstance(reply, Done)):
+            return
+        operation_id = request.intent.operation_id
+
+        async def close() -> None:
+            try:
+                await self.advance(
+                    operation_id,
+                    State.SUBMITTED,
+                    State.REJECTED,
+                    {"who": request.who, "error": "not_sent"},
+                    {"error_code": "not_sent", "error_message": "the journal answered after proxy.journal_timeout, so the request was not sent"},
+                )
+            except StaleStateError:
+                return  # closed already (handler.py)
+            except ReceiptsError as e:
+                log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
+                return
+            log.warning("late_receipt_closed_as_not_sent", operation_id=operation_id)
+
+        task = asyncio.get_running_loop().create_task(close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def _connected(self) -> asyncio.StreamWriter:
         """The stream to the running writer; the first caller after a stop starts one, the others wait for it."""
@@ -259,9 +322,13 @@ class JournalClient:
                         self._ready.set_result(None)
                     continue
                 self._answered = True
-                _, answered = self._pending.pop(request_id, (None, None))
-                if answered is not None and not answered.done():
-                    answered.set_result(reply)
+                held = self._pending.pop(request_id, None)
+                if held is None:
+                    continue
+                if held.abandoned:
+                    self._answered_late(held, reply)
+                elif not held.answered.done():
+                    held.answered.set_result(reply)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         if link is self._link:
@@ -283,7 +350,7 @@ class JournalClient:
         self._quick_deaths = 0 if self._answered else self._quick_deaths + 1
         pause = min(MAX_PAUSE, 0.25 * 2 ** (self._quick_deaths - 1)) if self._quick_deaths else 0.0
         self._paused_until = time.monotonic() + pause
-        records = sum(isinstance(request, Record) for request, _ in self._pending.values())
+        records = sum(isinstance(held.request, Record) for held in self._pending.values())
         log.error(
             "journal_writer_stopped",
             how=how,
@@ -295,10 +362,13 @@ class JournalClient:
 
     def _end(self, link: WriterLink, error: JournalUnavailableError | None = None) -> None:
         error = error or WriterLostError("cannot write the journal: the journal writer was restarted")
-        for _, answered in self._pending.values():
-            if not answered.done():
-                answered.set_exception(error)
+        for held in self._pending.values():
+            if not held.abandoned and not held.answered.done():
+                held.answered.set_exception(error)
         self._pending.clear()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self._ready is not None and not self._ready.done():
             with contextlib.suppress(RuntimeError):  # its event loop is closed already (the in-process tests)
                 self._ready.set_exception(error)
