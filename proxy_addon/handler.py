@@ -50,8 +50,9 @@ log = get_logger("receipts.proxy")
 # run there.
 INLINE_INTENT_BODY = 16 * 1024
 # A receipt the lost writer may have committed is closed before the 503 (so that the retry it invites is
-# journaled, not refused), waiting for that at most this long past proxy.journal_timeout; then it goes on alone.
-CLOSE_UNSENT_GRACE = 1.0
+# journaled, not refused), waiting for that until proxy.journal_timeout has passed (but this long at least);
+# then it goes on alone, and the 503 is answered.
+CLOSE_UNSENT_AT_LEAST = 0.05
 
 @dataclass(frozen=True)
 class Outcome:
@@ -170,11 +171,11 @@ class JournalHandler:
         return await self._on_journal_thread(build_intent, *args)
 
     async def _close_unsent(self, operation_id: str, answer_by: float) -> None:
-        """`_abandon_unsent` on a journal thread, waited for until CLOSE_UNSENT_GRACE past `answer_by` at most."""
+        """`_abandon_unsent` on a journal thread, waited for until `answer_by` (CLOSE_UNSENT_AT_LEAST at least)."""
         loop = asyncio.get_running_loop()
         closing = asyncio.ensure_future(self._on_journal_thread(self._abandon_unsent, operation_id))
         try:
-            await asyncio.wait_for(asyncio.shield(closing), max(0.0, answer_by - loop.time()) + CLOSE_UNSENT_GRACE)
+            await asyncio.wait_for(asyncio.shield(closing), max(CLOSE_UNSENT_AT_LEAST, answer_by - loop.time()))
         except TimeoutError:
             log.warning("unsent_receipt_still_closing", operation_id=operation_id)
 

@@ -65,6 +65,11 @@ from proxy_addon.states import State, is_allowed
 log = get_logger("receipts.proxy")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 MAX_PAUSE = 5.0  # seconds between the starts of a writer that keeps dying before its first answer
+# Shares of proxy.journal_timeout: the writer is asked to answer within 80 % of it (it writes nothing after:
+# writer.py), the caller gives up at 90 %, and the rest is for closing a receipt that may have been committed
+# (handler.py). A writer that has held a request for the whole timeout is killed.
+WRITER_SHARE = 0.8
+CALLER_SHARE = 0.9
 WRITER_START_TIMEOUT = 30.0  # seconds: a writer not ready by then is killed (its start-up is ~1 s of CPU)
 
 
@@ -172,7 +177,8 @@ class JournalClient:
 
         Raises DuplicateIntentError (nothing written), JournalUnavailableError (nothing written), or
         WriterLostError (the writer died or was killed first: it may have committed it, or not)."""
-        reply = await self._call(Record(intent, after_success, who, time.monotonic() + self.timeout))
+        now = time.monotonic()
+        reply = await self._call(Record(intent, after_success, who, now + self.timeout * WRITER_SHARE), now + self.timeout * CALLER_SHARE)
         if isinstance(reply, Blocked):
             raise DuplicateIntentError.of(reply.blocker, intent)
         _raise_failure(reply, intent.operation_id)
@@ -185,16 +191,19 @@ class JournalClient:
         """`store.receipts.transition`, through the writer: compare-and-set with its history row, one commit."""
         if not is_allowed(expected_from, to):
             raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
-        deadline = time.monotonic() + self.timeout
-        reply = await self._call(Advance(operation_id, expected_from.value, to.value, detail, updates, deadline))
+        now = time.monotonic()
+        request = Advance(operation_id, expected_from.value, to.value, detail, updates, now + self.timeout * WRITER_SHARE)
+        reply = await self._call(request, now + self.timeout * CALLER_SHARE)
         _raise_failure(reply, operation_id, expected_from.value)
         metrics.transitioned(to)
 
     # -- the writer's life ------------------------------------------------------------------------------------
 
-    async def _call(self, request: Record | Advance) -> Reply:
+    async def _call(self, request: Record | Advance, give_up: float) -> Reply:
+        """`request`'s answer; past `give_up` (time.monotonic()), JournalUnavailableError (not handed over) or
+        JournalTimeoutError (handed over, and not answered)."""
         try:
-            async with asyncio.timeout(request.deadline - time.monotonic()):
+            async with asyncio.timeout(give_up - time.monotonic()):
                 stream = await self._connected()
         except TimeoutError:
             raise JournalUnavailableError(
@@ -209,7 +218,7 @@ class JournalClient:
         if self._watchdog is None and self._link is not None:
             self._watch_from(self._link, held.sent + self.timeout)
         try:
-            async with asyncio.timeout(request.deadline - time.monotonic()):
+            async with asyncio.timeout(give_up - time.monotonic()):
                 return await asyncio.shield(answered)
         except TimeoutError:
             if answered.done():

@@ -236,7 +236,7 @@ def test_a_receipt_committed_after_its_caller_gave_up_is_closed_as_not_sent(url:
         client = JournalClient(Setup(url, log_level="error", journal_timeout=30), start)
         it = intent(proxy_instance="me")
         with pytest.raises(JournalTimeoutError):  # a deadline sooner than the writer's watchdog: it is not killed
-            await client._call(Record(it, AfterSuccess(), "me", time.monotonic() + 0.3))
+            await client._call(Record(it, AfterSuccess(), "me", time.monotonic() + 0.2), time.monotonic() + 0.3)
         slow = writers[0]
         [_setup, (request_id, _record)] = await slow.received(2)
         slow.other.sendall(frame(request_id, Done()))  # committed, answered too late
