@@ -27,7 +27,7 @@ from proxy_addon.account import AccountHasher, load_or_create_key
 from proxy_addon.admin.server import InProxyAdmin
 from proxy_addon.answers import Answer
 from proxy_addon.config import ReceiptsConfig, load_config
-from proxy_addon.db import check_schema, make_engine, resolve_database_url
+from proxy_addon.db import check_schema, database_wait, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
 from proxy_addon.facts import RequestFacts, split_query
 from proxy_addon.handler import JournalHandler
@@ -102,7 +102,9 @@ class Receipts:
         # No pool_pre_ping (a round trip per checkout, several per request): a write transaction that failed on
         # a connection dropped while idle runs once more (store/database.py, in_transaction).
         url = database_url or resolve_database_url(config.database.url)
-        engine = make_engine(url, pool_pre_ping=False)
+        # The store's lock waits are the journal writer's (db.py, database_wait): a lock held elsewhere fails a
+        # write with time left to answer it within proxy.journal_timeout, whichever of the two writes it.
+        engine = make_engine(url, pool_pre_ping=False, lock_wait=database_wait(config.proxy.journal_timeout))
         try:
             check_schema(engine)
             key = load_or_create_key(config.secret_file)
@@ -115,7 +117,8 @@ class Receipts:
         if self.journal is not None:
             self.journal.close()
         self.config, self.store = config, ReceiptStore(engine)
-        self.journal = JournalClient(Setup(url, log_level=config.logging.level, log_format=config.logging.format), self.writer)
+        setup = Setup(url, log_level=config.logging.level, log_format=config.logging.format, journal_timeout=config.proxy.journal_timeout)
+        self.journal = JournalClient(setup, self.writer)
         if engine.dialect.name == "sqlite":
             self.store.db.enable_group_commit()  # one writer at a time: see store/group_commit.py
         if self.executor is None:

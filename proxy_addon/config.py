@@ -121,6 +121,7 @@ class ProxySettings(StrictModel):
     methods: list[str] = Field(default_factory=lambda: list(MUTATING_METHODS))
     fail_open: bool = False
     max_body: Size = 32 * 1024 * 1024  # a journaled body longer than this: 413, nothing forwarded
+    journal_timeout: PositiveDuration = 15.0  # the longest a write waits for its receipt: then 503, never forwarded
     max_stored_body: Size = 65536
     max_stored_response: Size = 65536
     heartbeat_interval: Duration = 5.0

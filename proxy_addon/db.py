@@ -27,6 +27,15 @@ SQLITE_READONLY = 8  # primary result code; the extended SQLITE_READONLY_* codes
 # One that does belongs to a process that is frozen (SIGSTOP, a paused VM) or lost: PostgreSQL ends its
 # session, so that the row locks it holds do not stall the replica that recovers the frozen instance's receipts.
 PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 5_000
+# The proxy's own waits on the database (its journal writer's, its store's) are this share of
+# proxy.journal_timeout (10 s of the default 15 s): a lock held elsewhere (a migration, `receipts prune`, an
+# operator's LOCK TABLE) fails the write with time left to answer it 503 before the journal_timeout passes.
+DATABASE_WAIT_SHARE = 2 / 3
+
+
+def database_wait(journal_timeout: float) -> float:
+    """The longest the proxy's statements wait on a lock (and, in its journal writer, run) for this timeout."""
+    return journal_timeout * DATABASE_WAIT_SHARE
 
 
 def resolve_database_url(configured: str | None) -> str:
@@ -77,36 +86,48 @@ def _masked(raw: str) -> str:
 
 
 def make_engine(raw_url: str, **kwargs: Any) -> Engine:
+    """An engine set up durably (module docstring). `lock_wait` (seconds): the longest a statement waits for a
+    lock (SQLite's busy timeout, 10 s when not given; PostgreSQL's lock_timeout, none when not given);
+    `statement_wait`: PostgreSQL's statement_timeout (SQLite's statements run in-process, and end with it)."""
     url = parse_database_url(raw_url)
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url, **kwargs)
     return _postgres_engine(url, **kwargs)
 
 
-def _postgres_engine(url: URL, **kwargs: Any) -> Engine:
+def _postgres_engine(url: URL, lock_wait: float | None = None, statement_wait: float | None = None, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 10)
     connect_args = kwargs.pop("connect_args", {})
     connect_args.setdefault("connect_timeout", 5)
     engine = create_engine(url, connect_args=connect_args, **kwargs)
-    if "idle_in_transaction_session_timeout" in str(url.query.get("options", "")):
-        return engine  # the URL's own value wins
+    wanted = {
+        "idle_in_transaction_session_timeout": PG_IDLE_IN_TRANSACTION_TIMEOUT_MS,
+        "lock_timeout": None if lock_wait is None else max(1, round(lock_wait * 1000)),
+        "statement_timeout": None if statement_wait is None else max(1, round(statement_wait * 1000)),
+    }
+    options = str(url.query.get("options", ""))
+    settings = {name: ms for name, ms in wanted.items() if ms is not None and name not in options}  # the URL's own value wins
+    if not settings:
+        return engine
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         # a SET on each new connection, not a startup `options` parameter: PgBouncer refuses unknown ones
         with dbapi_conn.cursor() as cur:
-            cur.execute(f"SET idle_in_transaction_session_timeout = {PG_IDLE_IN_TRANSACTION_TIMEOUT_MS}")
+            for name, ms in settings.items():
+                cur.execute(f"SET {name} = {int(ms)}")
         dbapi_conn.commit()
 
     return engine
 
 
-def _sqlite_engine(url: URL, **kwargs: Any) -> Engine:
+def _sqlite_engine(url: URL, lock_wait: float | None = None, statement_wait: float | None = None, **kwargs: Any) -> Engine:
+    busy_ms = SQLITE_BUSY_TIMEOUT_MS if lock_wait is None else max(1, round(lock_wait * 1000))
     connect_args = kwargs.pop("connect_args", {})
     connect_args.setdefault("check_same_thread", False)
-    connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
+    connect_args.setdefault("timeout", busy_ms / 1000)
     engine = create_engine(url, connect_args=connect_args, **kwargs)
 
     @event.listens_for(engine, "connect")
@@ -116,7 +137,7 @@ def _sqlite_engine(url: URL, **kwargs: Any) -> Engine:
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute(f"PRAGMA busy_timeout={busy_ms}")
         cur.close()
 
     @event.listens_for(engine, "begin")

@@ -33,6 +33,10 @@ class WriterLostError(JournalUnavailableError):
     """The journal writer stopped before it answered: what it was asked may or may not have been committed."""
 
 
+class JournalTimeoutError(WriterLostError):
+    """The journal writer did not answer within proxy.journal_timeout: it may have committed it just before."""
+
+
 class ReceiptNotFoundError(ReceiptsError):
     """No receipt has this operation id."""
 

@@ -49,6 +49,10 @@ log = get_logger("receipts.proxy")
 # their canonical form does. Larger ones, whose worst case is far costlier (README, "Hostile inputs"), never
 # run there.
 INLINE_INTENT_BODY = 16 * 1024
+# A receipt the lost writer may have committed is closed before the 503 (so that the retry it invites is
+# journaled, not refused), waiting for that until proxy.journal_timeout has passed (but this long at least);
+# then it goes on alone, and the 503 is answered.
+CLOSE_UNSENT_AT_LEAST = 0.05
 
 @dataclass(frozen=True)
 class Outcome:
@@ -113,6 +117,7 @@ class JournalHandler:
         wait_until: float | None = None
         loop = asyncio.get_running_loop()
         while True:
+            answer_by = loop.time() + self.config.proxy.journal_timeout
             try:
                 await self.journal.record(intent, policy.after_success, self.instance_id)
                 break
@@ -129,11 +134,13 @@ class JournalHandler:
                 await self.waiters.wait(e.operation_id, e.operation_id in self.in_flight, remaining, facts.client_gone)
                 started = time.perf_counter()
             except WriterLostError as e:
-                await self._on_journal_thread(self._abandon_unsent, operation_id)
+                await self._close_unsent(operation_id, answer_by)
                 return self._journal_down(e, facts)
             except JournalUnavailableError as e:
                 return self._journal_down(e, facts)
         metrics.journaled(time.perf_counter() - started)
+        if facts.client_gone():
+            return await self._agent_left(operation_id)
 
         with structlog.contextvars.bound_contextvars(operation_id=operation_id):
             headers = list(facts.raw_headers)
@@ -162,6 +169,28 @@ class JournalHandler:
         if len(facts.body) <= INLINE_INTENT_BODY:
             return build_intent(*args)
         return await self._on_journal_thread(build_intent, *args)
+
+    async def _close_unsent(self, operation_id: str, answer_by: float) -> None:
+        """`_abandon_unsent` on a journal thread, waited for until `answer_by` (CLOSE_UNSENT_AT_LEAST at least)."""
+        loop = asyncio.get_running_loop()
+        closing = asyncio.ensure_future(self._on_journal_thread(self._abandon_unsent, operation_id))
+        try:
+            await asyncio.wait_for(asyncio.shield(closing), max(CLOSE_UNSENT_AT_LEAST, answer_by - loop.time()))
+        except TimeoutError:
+            log.warning("unsent_receipt_still_closing", operation_id=operation_id)
+
+    async def _agent_left(self, operation_id: str) -> Outcome:
+        """The agent disconnected while its receipt was being written: nobody waits for what the upstream would
+        answer, so the request is not sent, and its receipt is closed as not sent."""
+        reason = "the agent disconnected before its receipt was written, so the request was not sent"
+        detail = {"who": self.instance_id, "error": "not_sent"}
+        try:
+            await self._advance(operation_id, State.REJECTED, detail, {"error_code": "not_sent", "error_message": reason})
+        except ReceiptsError as e:
+            log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
+        log.info("request_not_sent_agent_left", operation_id=operation_id)
+        answer = answers.with_receipt(answers.not_sent(operation_id, "The agent disconnected"), operation_id, State.REJECTED.value)
+        return Outcome(answer, {"operation_id": operation_id, "state": State.REJECTED.value, "refused": "agent_left"})
 
     def _abandon_unsent(self, operation_id: str) -> None:
         """The writer died before it answered: the receipt may have been committed, and the request will not be

@@ -52,12 +52,21 @@ WRITER_STARTS = Counter(
     "Journal writer processes this proxy started (the first, and each restart after one stopped).",
     registry=REGISTRY,
 )
+WRITER_RESTARTS = Counter(
+    "receipts_journal_writer_restarts",
+    "Journal writers this proxy lost, by cause: `died` (it exited), `unresponsive` (it held a write past "
+    "proxy.journal_timeout, or did not start, and was killed). The next write starts a new one.",
+    ["cause"],
+    registry=REGISTRY,
+)
 WRITER_PENDING = Gauge(
     "receipts_journal_writer_pending",
     "Writes this proxy handed to its journal writer that it has not answered yet.",
     registry=REGISTRY,
 )
 
+for _cause in ("died", "unresponsive"):
+    WRITER_RESTARTS.labels(_cause)
 for _s in State:  # every series exists from the start, at 0, so rates and alerts need no special case
     TRANSITIONS.labels(_s.value)
 for _r in RefusalReason:
@@ -116,7 +125,7 @@ class StoreCollector(Collector):
 def registry_for(read_stats: JournalStatsReader | None) -> CollectorRegistry:
     """This process's counters, plus the store's gauges: what an admin server's /metrics serves."""
     registry = CollectorRegistry(auto_describe=True)
-    for collector in (TRANSITIONS, DUPLICATES, RECONCILE_VERDICTS, JOURNAL_SECONDS, WRITER_STARTS, WRITER_PENDING):
+    for collector in (TRANSITIONS, DUPLICATES, RECONCILE_VERDICTS, JOURNAL_SECONDS, WRITER_STARTS, WRITER_RESTARTS, WRITER_PENDING):
         registry.register(collector)
     if read_stats is not None:
         registry.register(StoreCollector(read_stats))

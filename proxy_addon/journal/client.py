@@ -8,6 +8,13 @@ WriterLostError (the proxy answers 503 and sends nothing upstream; whether the w
 died is not known, handler.py closes such a receipt itself). The next request starts a new writer; one that
 keeps dying before it answered anything is started again only after a growing pause, during which writes fail
 closed at once.
+
+No request waits longer than proxy.journal_timeout: then it fails (JournalTimeoutError: 503, not sent), and
+the writer, which checks each request's deadline before it writes and before it commits, does not write it
+after (writer.py); if its commit crossed the deadline, the late answer closes the receipt as not sent. A writer
+that stops answering (stopped, looping, waiting on a lock) is found by the same clock: one that has held a
+request for proxy.journal_timeout is killed (SIGKILL: it cannot wake up later and act on what it held), and
+what it held fails as if it had died. A writer not ready within WRITER_START_TIMEOUT is killed too.
 """
 
 import asyncio
@@ -21,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,8 +37,10 @@ from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import (
     DuplicateIntentError,
     IllegalTransitionError,
+    JournalTimeoutError,
     JournalUnavailableError,
     ReceiptNotFoundError,
+    ReceiptsError,
     StaleStateError,
     WriterLostError,
 )
@@ -40,6 +50,7 @@ from proxy_addon.journal.messages import (
     Blocked,
     Done,
     Failed,
+    Ready,
     Record,
     Reply,
     Setup,
@@ -54,6 +65,12 @@ from proxy_addon.states import State, is_allowed
 log = get_logger("receipts.proxy")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 MAX_PAUSE = 5.0  # seconds between the starts of a writer that keeps dying before its first answer
+# Shares of proxy.journal_timeout: the writer is asked to answer within 80 % of it (it writes nothing after:
+# writer.py), the caller gives up at 90 %, and the rest is for closing a receipt that may have been committed
+# (handler.py). A writer that has held a request for the whole timeout is killed.
+WRITER_SHARE = 0.8
+CALLER_SHARE = 0.9
+WRITER_START_TIMEOUT = 30.0  # seconds: a writer not ready by then is killed (its start-up is ~1 s of CPU)
 
 
 class WriterLink(Protocol):
@@ -63,6 +80,7 @@ class WriterLink(Protocol):
 
     def ended(self) -> str: ...
     def stop(self) -> None: ...
+    def kill(self) -> None: ...
 
 
 class WriterProcess:
@@ -94,6 +112,12 @@ class WriterProcess:
             self.process.kill()
             self.process.wait()
 
+    def kill(self) -> None:
+        """SIGKILL, which ends a stopped process too, and wait for it: nothing it held can be committed after."""
+        self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+
 
 class WriterThread:
     """The writer's same loop in a thread of this process (the in-process tests; never the proxy's choice)."""
@@ -112,17 +136,34 @@ class WriterThread:
         self.sock.close()
         self.thread.join(timeout=5)
 
+    def kill(self) -> None:
+        self.sock.close()  # a thread cannot be killed; its requests carry their deadlines (writer.py)
+
+
+@dataclass(slots=True)
+class _Held:
+    """A request handed to the writer and not answered yet."""
+
+    request: Record | Advance
+    answered: "asyncio.Future[Reply]"
+    sent: float  # time.monotonic()
+    abandoned: bool = False  # its caller's time ran out: its answer, if it comes, is nobody's
+
 
 class JournalClient:
     def __init__(self, setup: Setup, start: Callable[[], WriterLink] = WriterProcess):
         self.setup = setup
+        self.timeout = setup.journal_timeout  # proxy.journal_timeout: the longest a request waits for its answer
         self._start = start
         self._link: WriterLink | None = None
         self._stream: asyncio.StreamWriter | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: dict[int, tuple[Record | Advance, asyncio.Future[Reply]]] = {}
-        self._ids = itertools.count()
+        self._pending: dict[int, _Held] = {}  # in the order sent: the first is the oldest
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._ids = itertools.count(1)  # 0 is the setup's and the writer's Ready
         self._answered = False  # the current writer answered a request: it got past its start
+        self._ready: asyncio.Future[None] | None = None  # resolved by the writer's Ready frame
         self._quick_deaths = 0
         self._paused_until = 0.0
         self._reader: asyncio.Task[None] | None = None
@@ -135,8 +176,9 @@ class JournalClient:
         """Decide and commit the receipt as `submitted` (creation and `planned -> submitted` rows, one commit).
 
         Raises DuplicateIntentError (nothing written), JournalUnavailableError (nothing written), or
-        WriterLostError (the writer died first: it may have committed it, or not)."""
-        reply = await self._call(Record(intent, after_success, who))
+        WriterLostError (the writer died or was killed first: it may have committed it, or not)."""
+        now = time.monotonic()
+        reply = await self._call(Record(intent, after_success, who, now + self.timeout * WRITER_SHARE), now + self.timeout * CALLER_SHARE)
         if isinstance(reply, Blocked):
             raise DuplicateIntentError.of(reply.blocker, intent)
         _raise_failure(reply, intent.operation_id)
@@ -149,21 +191,85 @@ class JournalClient:
         """`store.receipts.transition`, through the writer: compare-and-set with its history row, one commit."""
         if not is_allowed(expected_from, to):
             raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
-        reply = await self._call(Advance(operation_id, expected_from.value, to.value, detail, updates))
+        now = time.monotonic()
+        request = Advance(operation_id, expected_from.value, to.value, detail, updates, now + self.timeout * WRITER_SHARE)
+        reply = await self._call(request, now + self.timeout * CALLER_SHARE)
         _raise_failure(reply, operation_id, expected_from.value)
         metrics.transitioned(to)
 
     # -- the writer's life ------------------------------------------------------------------------------------
 
-    async def _call(self, request: Record | Advance) -> Reply:
-        stream = await self._connected()
+    async def _call(self, request: Record | Advance, give_up: float) -> Reply:
+        """`request`'s answer; past `give_up` (time.monotonic()), JournalUnavailableError (not handed over) or
+        JournalTimeoutError (handed over, and not answered)."""
+        try:
+            async with asyncio.timeout(give_up - time.monotonic()):
+                stream = await self._connected()
+        except TimeoutError:
+            raise JournalUnavailableError(
+                f"cannot write the journal: the journal writer did not start within proxy.journal_timeout ({self.timeout:g}s)"
+            ) from None
         if stream is not self._stream:  # the writer died between its start and now: nobody would answer
             raise WriterLostError("cannot write the journal: the journal writer stopped as it started")
-        request_id = next(self._ids)
         answered: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = (request, answered)
+        request_id = next(self._ids)
+        held = self._pending[request_id] = _Held(request, answered, time.monotonic())
         stream.write(frame(request_id, request))
-        return await answered
+        if self._watchdog is None and self._link is not None:
+            self._watch_from(self._link, held.sent + self.timeout)
+        try:
+            async with asyncio.timeout(give_up - time.monotonic()):
+                return await asyncio.shield(answered)
+        except TimeoutError:
+            if answered.done():
+                return answered.result()
+            held.abandoned = True
+            raise JournalTimeoutError(
+                f"cannot write the journal: the journal writer did not answer within proxy.journal_timeout ({self.timeout:g}s)"
+            ) from None
+
+    def _watch_from(self, link: WriterLink, when: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_later(max(0.0, when - time.monotonic()), self._watch, link)
+
+    def _watch(self, link: WriterLink) -> None:
+        """Kill the writer if it has held its oldest request for proxy.journal_timeout; else look again then."""
+        self._watchdog = None
+        oldest = next(iter(self._pending.values()), None)
+        if link is not self._link or oldest is None:
+            return
+        if time.monotonic() >= oldest.sent + self.timeout:
+            self._unresponsive(link)
+        else:
+            self._watch_from(link, oldest.sent + self.timeout)
+
+    def _answered_late(self, held: _Held, reply: Reply) -> None:
+        """A receipt committed after its caller gave up (the commit crossed the deadline): it was not sent, so
+        close it as not sent, through the writer, as handler.py does when the writer is lost."""
+        request = held.request
+        if not (isinstance(request, Record) and isinstance(reply, Done)):
+            return
+        operation_id = request.intent.operation_id
+
+        async def close() -> None:
+            try:
+                await self.advance(
+                    operation_id,
+                    State.SUBMITTED,
+                    State.REJECTED,
+                    {"who": request.who, "error": "not_sent"},
+                    {"error_code": "not_sent", "error_message": "the journal answered after proxy.journal_timeout, so the request was not sent"},
+                )
+            except StaleStateError:
+                return  # closed already (handler.py)
+            except ReceiptsError as e:
+                log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
+                return
+            log.warning("late_receipt_closed_as_not_sent", operation_id=operation_id)
+
+        task = asyncio.get_running_loop().create_task(close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def _connected(self) -> asyncio.StreamWriter:
         """The stream to the running writer; the first caller after a stop starts one, the others wait for it."""
@@ -183,9 +289,11 @@ class JournalClient:
         self._link, self._loop, self._answered = link, loop, False
         metrics.WRITER_STARTS.inc()
         self._connecting = loop.create_task(self._open(link))
+        self._connecting.add_done_callback(_retrieve)  # its callers may have stopped waiting (their timeout)
         return await asyncio.shield(self._connecting)
 
     async def _open(self, link: WriterLink) -> asyncio.StreamWriter:
+        """Connect, hand the writer its setup, and wait until it is ready (WRITER_START_TIMEOUT at most)."""
         try:
             reader, stream = await asyncio.open_unix_connection(sock=link.sock)
         except OSError as e:
@@ -197,8 +305,20 @@ class JournalClient:
         if link is not self._link:
             stream.close()
             raise WriterLostError("cannot write the journal: the journal writer was restarted")
+        loop = asyncio.get_running_loop()
+        ready = self._ready = loop.create_future()
+        self._reader = loop.create_task(self._read(reader, link))
+        try:
+            async with asyncio.timeout(WRITER_START_TIMEOUT):
+                await ready
+        except TimeoutError:
+            if link is self._link:
+                self._unresponsive(link, f"did not finish its start within {WRITER_START_TIMEOUT:g}s")
+            raise WriterLostError("cannot write the journal: the journal writer did not start") from None
+        if link is not self._link:
+            stream.close()
+            raise WriterLostError("cannot write the journal: the journal writer was restarted")
         self._stream, self._connecting = stream, None
-        self._reader = asyncio.get_running_loop().create_task(self._read(reader, link))
         return stream
 
     async def _read(self, reader: asyncio.StreamReader, link: WriterLink) -> None:
@@ -206,10 +326,18 @@ class JournalClient:
             while True:
                 header = await reader.readexactly(HEADER_SIZE)
                 request_id, reply = unframe(await reader.readexactly(body_size(header)))
+                if isinstance(reply, Ready):
+                    if self._ready is not None and not self._ready.done() and link is self._link:
+                        self._ready.set_result(None)
+                    continue
                 self._answered = True
-                _, answered = self._pending.pop(request_id, (None, None))
-                if answered is not None and not answered.done():
-                    answered.set_result(reply)
+                held = self._pending.pop(request_id, None)
+                if held is None:
+                    continue
+                if held.abandoned:
+                    self._answered_late(held, reply)
+                elif not held.answered.done():
+                    held.answered.set_result(reply)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         if link is self._link:
@@ -217,10 +345,21 @@ class JournalClient:
 
     def _lost(self, link: WriterLink) -> None:
         how = link.ended()
+        metrics.WRITER_RESTARTS.labels("died").inc()
+        self._stopped(link, how)
+
+    def _unresponsive(self, link: WriterLink, why: str = "") -> None:
+        """The writer holds a request past proxy.journal_timeout (or never finished its start): kill it."""
+        why = why or f"held a write longer than proxy.journal_timeout ({self.timeout:g}s)"
+        link.kill()
+        metrics.WRITER_RESTARTS.labels("unresponsive").inc()
+        self._stopped(link, f"killed: it {why}")
+
+    def _stopped(self, link: WriterLink, how: str) -> None:
         self._quick_deaths = 0 if self._answered else self._quick_deaths + 1
         pause = min(MAX_PAUSE, 0.25 * 2 ** (self._quick_deaths - 1)) if self._quick_deaths else 0.0
         self._paused_until = time.monotonic() + pause
-        records = sum(isinstance(request, Record) for request, _ in self._pending.values())
+        records = sum(isinstance(held.request, Record) for held in self._pending.values())
         log.error(
             "journal_writer_stopped",
             how=how,
@@ -232,14 +371,21 @@ class JournalClient:
 
     def _end(self, link: WriterLink, error: JournalUnavailableError | None = None) -> None:
         error = error or WriterLostError("cannot write the journal: the journal writer was restarted")
-        for _, answered in self._pending.values():
-            if not answered.done():
-                answered.set_exception(error)
+        for held in self._pending.values():
+            if not held.abandoned and not held.answered.done():
+                held.answered.set_exception(error)
         self._pending.clear()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self._ready is not None and not self._ready.done():
+            with contextlib.suppress(RuntimeError):  # its event loop is closed already (the in-process tests)
+                self._ready.set_exception(error)
+                self._ready.exception()  # retrieved: nobody may be waiting on it
         if self._stream is not None:
             with contextlib.suppress(RuntimeError):  # its event loop is closed already (the in-process tests)
                 self._stream.close()
-        self._link = self._stream = self._loop = self._connecting = None
+        self._link = self._stream = self._loop = self._connecting = self._ready = None
         link.stop()
 
     async def aclose(self) -> None:
@@ -249,6 +395,11 @@ class JournalClient:
         """Stop the writer (it finishes what it holds, then exits); what it has not answered fails as not written."""
         if self._link is not None:
             self._end(self._link, WriterLostError("cannot write the journal: the journal writer was stopped"))
+
+
+def _retrieve(task: "asyncio.Task[Any]") -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _raise_failure(reply: Reply, operation_id: str, expected: str | None = None) -> None:

@@ -4,6 +4,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from sqlalchemy import event
+
 from proxy_addon.db import make_engine, parse_database_url
 from proxy_addon.journal.statements import DriverStatements
 
@@ -11,7 +13,10 @@ from proxy_addon.journal.statements import DriverStatements
 class DriverConnection:
     """A driver connection (sqlite3 or psycopg) set up as every other connection of the project (db.py: SQLite in
     WAL mode with synchronous=FULL and a busy timeout; PostgreSQL with its idle-in-transaction timeout), and
-    its transactions.
+    its transactions. Its waits are bounded by `wait` (seconds): a lock (SQLite's busy timeout, PostgreSQL's
+    lock_timeout) and, on PostgreSQL, a statement (statement_timeout); and PostgreSQL checks every second that
+    the writer is still there while a statement runs, so that a writer killed by its proxy (client.py) does not
+    leave a statement behind that would commit later.
 
     After a failed transaction the connection is closed and the next one opens a fresh one (a SQLite connection
     opened while the file was read-only stays read-only; a PostgreSQL one may be broken). `usable` then says
@@ -19,31 +24,38 @@ class DriverConnection:
     (it may have happened), nor when the server is gone.
     """
 
-    def __init__(self, database_url: str):
+    def __init__(self, database_url: str, wait: float | None = None):
         url = parse_database_url(database_url)
         pool = {"pool_size": 1, "max_overflow": 0} if url.get_backend_name() == "postgresql" else {}
-        self.engine = make_engine(database_url, pool_pre_ping=False, **pool)
+        self.engine = make_engine(database_url, pool_pre_ping=False, lock_wait=wait, statement_wait=wait, **pool)
+        if url.get_backend_name() == "postgresql":
+            event.listen(self.engine, "connect", _check_client_while_running)
         self.dialect = self.engine.dialect.name
         self.statements = DriverStatements(self.engine.dialect)
         self.usable = True
         self._pooled: Any = None  # SQLAlchemy's PoolProxiedConnection around the driver's connection
+        self._wait_ms = None if wait is None else max(1, round(wait * 1000))  # what a new connection is set to
+        self._bound_ms = self._wait_ms  # what the open connection is set to
 
     @contextmanager
-    def transaction(self, alone: bool = False) -> Iterator[Any]:
+    def transaction(self, alone: bool = False, within: float | None = None) -> Iterator[Any]:
         """The driver connection in a write transaction, committed on leaving without an exception.
 
         `alone`: the work writes with at most one statement (one request of the hot path on PostgreSQL, where
         each request's rows are one statement): then it runs in autocommit, the statement its own transaction,
-        and no BEGIN or COMMIT round trip is spent on it."""
+        and no BEGIN or COMMIT round trip is spent on it. `within` (seconds): the work's waits end by then even
+        when that is sooner than the connection's own bound (the earliest deadline of its requests)."""
         self.usable = False
         driver = self._driver()
         self.usable = True
         autocommit = alone and self.dialect == "postgresql"
         try:
+            if self.dialect == "postgresql" and driver.autocommit != autocommit:
+                driver.autocommit = autocommit
+            if within is not None:
+                self._bound(driver, within)
             if self.dialect == "sqlite":
                 driver.execute("BEGIN IMMEDIATE")  # the write lock now: no deadlock on a later upgrade
-            elif driver.autocommit != autocommit:
-                driver.autocommit = autocommit
             yield driver
         except BaseException:
             self._discard(driver)
@@ -58,9 +70,27 @@ class DriverConnection:
             self._discard(driver)
             raise
 
+    def _bound(self, driver: Any, seconds: float) -> None:
+        """Bound this connection's waits (a lock; on PostgreSQL, a statement) to `seconds`, or to its own bound
+        if that is sooner. Set only when it changes: a SET costs a round trip when it is alone. On PostgreSQL
+        the SET is part of the transaction: if that fails, the connection is discarded, and the next one is set
+        up afresh."""
+        ms = max(1, int(seconds * 1000))
+        if self._wait_ms is not None:
+            ms = min(ms, self._wait_ms)
+        if ms == self._bound_ms:
+            return
+        if self.dialect == "sqlite":
+            driver.execute(f"PRAGMA busy_timeout = {ms}")
+        else:
+            driver.execute(f"SET statement_timeout = {ms}")
+            driver.execute(f"SET lock_timeout = {ms}")
+        self._bound_ms = ms
+
     def _driver(self) -> Any:
         if self._pooled is None:
             self._pooled = self.engine.raw_connection()
+            self._bound_ms = self._wait_ms
         return self._pooled.driver_connection
 
     def _discard(self, driver: Any) -> None:
@@ -79,3 +109,11 @@ class DriverConnection:
                 self._pooled.close()
             self._pooled = None
         self.engine.dispose()
+
+
+def _check_client_while_running(dbapi_conn: Any, _record: Any) -> None:
+    if dbapi_conn.info.server_version < 140000:  # PostgreSQL 14 has it
+        return
+    with dbapi_conn.cursor() as cur:
+        cur.execute("SET client_connection_check_interval = 1000")
+    dbapi_conn.commit()

@@ -5,6 +5,7 @@ are its dataclasses) and it is the cheapest encoding Python has; it is safe here
 end of a socketpair the proxy made and handed to its own child: no other process can reach it.
 """
 
+import math
 import pickle
 import struct
 from dataclasses import dataclass
@@ -25,6 +26,12 @@ class Setup:
     max_batch: int = 64
     log_level: str = "info"
     log_format: str = "json"
+    journal_timeout: float = 15.0  # proxy.journal_timeout: the writer bounds its database waits below it
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The writer's first frame: it read its setup and is ready to write (its start-up is over)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +41,7 @@ class Record:
     intent: Intent
     after_success: AfterSuccess
     who: str
+    deadline: float = math.inf  # time.monotonic() (one clock for the whole machine) past which nobody waits
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,7 @@ class Advance:
     to: str
     detail: dict[str, Any]
     updates: dict[str, Any]
+    deadline: float = math.inf
 
 
 Request = Record | Advance

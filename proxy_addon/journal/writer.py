@@ -10,6 +10,11 @@ SQLite, one WAL flush on PostgreSQL), commits, and only then answers them. If th
 it committed: each request then runs alone in a transaction of its own, so that one bad request fails alone
 and the others are still written.
 
+Nothing stale: each request carries the moment past which its proxy no longer waits for it (its
+journal_timeout). One that is past it is not written, and a batch is not committed once one of its requests is
+past it; the proxy answers such a write 503 and sends nothing. (A writer that stops answering is killed by its
+proxy anyway: client.py.)
+
     python -m proxy_addon.journal.writer --fd N    (the proxy runs this; the first frame says which database)
 """
 
@@ -17,21 +22,29 @@ import argparse
 import os
 import socket
 import sys
+import time
 from typing import Any
 
+from proxy_addon.db import database_wait
 from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal.connection import DriverConnection
 from proxy_addon.journal.hot_path import HotPath
-from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Record, Reply, Setup, frame, split_frames
+from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Ready, Record, Reply, Setup, frame, split_frames
 from proxy_addon.log import configure_logging, get_logger
 
 log = get_logger("receipts.journal_writer")
 RECEIVE_SIZE = 1 << 18
+TOO_LATE = "the write waited longer than proxy.journal_timeout, so it was not written"
+EXPIRED = f"cannot write the journal: {TOO_LATE}"
+
+
+class ExpiredError(Exception):
+    """A request of the batch is past its deadline: nobody waits for its answer any more."""
 
 
 class JournalWriter:
-    def __init__(self, database_url: str, max_batch: int):
-        self.connection = DriverConnection(database_url)
+    def __init__(self, database_url: str, max_batch: int, wait: float | None = None):
+        self.connection = DriverConnection(database_url, wait)
         self.max_batch = max_batch
         self.proxy_pid = os.getppid()
 
@@ -47,18 +60,28 @@ class JournalWriter:
             requests = split_frames(buffer)
 
     def run(self, batch: list[tuple[int, Any]]) -> list[tuple[int, Reply]]:
-        """Every request of `batch` in one transaction, answered after its COMMIT; alone each if that fails."""
+        """Every request of `batch` in one transaction, answered after its COMMIT; alone each if that fails.
+        Those past their deadline are answered as not written, and are not."""
+        now = time.monotonic()
+        late = [(request_id, Failed("unavailable", EXPIRED)) for request_id, request in batch if request.deadline <= now]
+        if late:
+            live = [(request_id, request) for request_id, request in batch if request.deadline > now]
+            log.warning("journal_writes_expired", requests=len(late))
+            return late + (self.run(live) if live else [])
+        within = min(request.deadline for _, request in batch) - now  # no wait of the batch lasts past it
         try:
-            with self.connection.transaction(alone=len(batch) == 1) as conn:
+            with self.connection.transaction(alone=len(batch) == 1, within=within) as conn:
                 self._exit_if_orphaned()
                 hot = HotPath(conn, self.connection.statements)
                 sent = hot.pipelined([request for _, request in batch])
                 replies = [(request_id, _apply(hot, request, first)) for (request_id, request), first in zip(batch, sent, strict=True)]
                 self._exit_if_orphaned()
+                if conn.autocommit is not True and time.monotonic() >= min(request.deadline for _, request in batch):
+                    raise ExpiredError(TOO_LATE)  # not committed: each runs alone again, and the late one is refused
                 return replies
         except Exception as e:  # noqa: BLE001 - nothing of the batch committed: say why, to each or one by one
             reason = _one_line(e)
-            if len(batch) == 1 or not self.connection.usable:
+            if len(batch) == 1 or not self.connection.usable or _waited_too_long(e):
                 log.error("journal_write_failed", requests=len(batch), error=reason)
                 return [(request_id, Failed("unavailable", f"cannot write the journal: {reason}")) for request_id, _ in batch]
             return [reply for item in batch for reply in self.run([item])]
@@ -105,6 +128,17 @@ def _receive(sock: socket.socket, buffer: bytearray, chunk: memoryview) -> bool:
         buffer += chunk[:n]
 
 
+def _waited_too_long(e: BaseException) -> bool:
+    """The batch failed waiting (a lock held elsewhere, a statement or deadline timeout), not on a bad request:
+    running its requests one by one would only wait again."""
+    if isinstance(e, ExpiredError):
+        return False  # the late request is refused, the others run again
+    cause = getattr(e, "orig", None) or e
+    if getattr(cause, "sqlstate", None) in ("55P03", "57014"):  # lock_not_available, query_canceled
+        return True
+    return "database is locked" in str(cause)  # SQLite's busy timeout
+
+
 def _one_line(e: BaseException) -> str:
     text = str(getattr(e, "orig", None) or e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -129,7 +163,8 @@ def serve_socket(sock: socket.socket, configure_log: bool) -> None:
     setup, requests = _setup_frame(sock, buffer)
     if configure_log:
         configure_logging(setup.log_level, setup.log_format)
-    writer = JournalWriter(setup.database_url, setup.max_batch)
+    writer = JournalWriter(setup.database_url, setup.max_batch, database_wait(setup.journal_timeout))
+    sock.sendall(frame(0, Ready()))
     try:
         writer.serve(sock, buffer, requests)
     finally:

@@ -268,6 +268,7 @@ def test_malformed_path_templates_are_refused(template):
     (HOST + "    upstream_timeout: 0s\n", "hosts.api.example.com.upstream_timeout"),
     (HOST + "    upstream_deadline: 0s\n", "hosts.api.example.com.upstream_deadline"),
     (HOST + "    in_flight: {policy: later}\n", "hosts.api.example.com.in_flight.policy"),
+    ("proxy: {journal_timeout: 0s}", "proxy.journal_timeout"),
 ])
 def test_a_timeout_of_zero_is_refused_naming_the_key(text, key):
     """A 0s timeout would end every exchange before it began: every write "unknown". Refused at load."""
@@ -292,3 +293,8 @@ def test_upstream_deadline_and_in_flight_per_host():
     assert (own.upstream_deadline, own.in_flight.policy, own.in_flight.max_wait) == (10.0, "refuse", 30.0)
     assert none.upstream_deadline is None  # a host may turn the default deadline off
     assert parse_config("").policy_for("x", 443).upstream_deadline is None
+
+
+def test_journal_timeout_is_a_duration_of_15s_by_default():
+    assert parse_config("").proxy.journal_timeout == 15.0
+    assert parse_config("proxy: {journal_timeout: 1500ms}").proxy.journal_timeout == 1.5

@@ -3,6 +3,7 @@ it dies, when it keeps dying at once, and when the proxy stops it, on a real SQL
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -10,19 +11,29 @@ from support.e2e import migrate
 from support.store import intent
 
 from proxy_addon.config import AfterSuccess
-from proxy_addon.exceptions import DuplicateOpenError, JournalUnavailableError, StaleStateError, WriterLostError
+from proxy_addon.exceptions import (
+    DuplicateOpenError,
+    JournalTimeoutError,
+    JournalUnavailableError,
+    StaleStateError,
+    WriterLostError,
+)
 from proxy_addon.journal.client import JournalClient, WriterThread
-from proxy_addon.journal.messages import Done, Setup, frame, split_frames
+from proxy_addon.journal.messages import Blocked, Done, Failed, Ready, Record, Setup, frame, split_frames
+from proxy_addon.journal.writer import JournalWriter
 from proxy_addon.states import State
 
 
 class SilentWriter:
-    """A writer that reads what it is sent and never answers (a hung one); `die()` ends it."""
+    """A writer that says it is ready, then reads what it is sent and never answers (a hung one); `die()` ends it."""
 
-    def __init__(self) -> None:
+    def __init__(self, ready: bool = True) -> None:
         self.sock, self.other = socket.socketpair()
         self.buffer = bytearray()
         self.frames: list = []
+        self.killed = False
+        if ready:
+            self.other.sendall(frame(0, Ready()))
 
     async def received(self, count: int) -> list:
         """The first `count` frames the proxy sent (its setup first), once they are here."""
@@ -41,10 +52,14 @@ class SilentWriter:
         self.sock.close()
         self.other.close()
 
+    def kill(self) -> None:
+        self.killed = True
+        self.die()
+
 
 class DeadAtStart(SilentWriter):
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(ready=False)
         self.die()
 
 
@@ -128,5 +143,108 @@ def test_stopping_the_writer_fails_what_it_has_not_answered(url: str) -> None:
         client.close()
         with pytest.raises(WriterLostError, match="was stopped"):
             await held
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_writer_that_stops_answering_is_killed_within_the_timeout_and_the_next_write_starts_a_new_one(url: str) -> None:
+    writers: list[SilentWriter | WriterThread] = []
+
+    def start() -> SilentWriter | WriterThread:
+        writers.append(SilentWriter() if not writers else WriterThread())
+        return writers[-1]
+
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error", journal_timeout=0.5), start)
+        first = asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me"))
+        await asyncio.sleep(0)  # the client starts its writer
+        hung = writers[0]
+        assert isinstance(hung, SilentWriter)
+        [_setup, (request_id, _record)] = await hung.received(2)
+        hung.other.sendall(frame(request_id, Done()))  # it answered once, then hangs
+        await first
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        held = [asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me")) for _ in range(3)]
+        assert len(await hung.received(5)) == 5  # all three were handed to it
+        for answer in asyncio.as_completed(held):
+            # its own time ran out, or the writer was killed for the oldest one's just before
+            with pytest.raises(WriterLostError, match=r"(did not answer within|held a write longer than) proxy.journal_timeout \(0.5s\)"):
+                await answer
+        assert loop.time() - began < 0.5 + 2  # each within its bound
+        for _ in range(200):  # killed once it has held them for the timeout
+            if hung.killed:
+                break
+            await asyncio.sleep(0.01)
+        assert hung.killed
+        await client.record(intent(proxy_instance="me"), AfterSuccess(), "me")  # a new writer, at once
+        assert len(writers) == 2
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_write_whose_time_runs_out_while_the_writer_starts_fails_alone(url: str) -> None:
+    writers: list[SilentWriter] = []
+
+    def start() -> SilentWriter:
+        writers.append(SilentWriter(ready=False))  # still starting: it never said it is ready
+        return writers[-1]
+
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error", journal_timeout=0.3), start)
+        with pytest.raises(JournalUnavailableError, match="did not start within proxy.journal_timeout"):
+            await client.record(intent(proxy_instance="me"), AfterSuccess(), "me")
+        only = writers[0]
+        assert not only.killed  # it may still finish its start: nothing was handed to it
+        assert len(await only.received(1)) == 1  # its setup, and no request
+        only.other.sendall(frame(0, Ready()))
+        answered = asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me"))
+        [_setup, (request_id, _record)] = await only.received(2)
+        only.other.sendall(frame(request_id, Done()))
+        await answered
+        assert len(writers) == 1
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_the_writer_does_not_write_a_request_past_its_deadline(url: str) -> None:
+    writer = JournalWriter(url, 64)
+    try:
+        late, live = intent(proxy_instance="me"), intent(proxy_instance="me")
+        past, future = time.monotonic() - 1, time.monotonic() + 60
+        replies = dict(writer.run([(1, Record(late, AfterSuccess(), "me", past)), (2, Record(live, AfterSuccess(), "me", future))]))
+        assert isinstance(replies[1], Failed) and "waited longer than proxy.journal_timeout" in replies[1].message
+        assert isinstance(replies[2], Done)
+        [(_, again)] = writer.run([(3, Record(late, AfterSuccess(), "me", future))])
+        assert isinstance(again, Done)  # the late one was not written: not a duplicate of itself
+        [(_, repeat)] = writer.run([(4, Record(intent(live.intent_fingerprint, proxy_instance="me"), AfterSuccess(), "me", future))])
+        assert isinstance(repeat, Blocked)
+    finally:
+        writer.close()
+
+
+def test_a_receipt_committed_after_its_caller_gave_up_is_closed_as_not_sent(url: str) -> None:
+    writers: list[SilentWriter] = []
+
+    def start() -> SilentWriter:
+        writers.append(SilentWriter())
+        return writers[-1]
+
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error", journal_timeout=30), start)
+        it = intent(proxy_instance="me")
+        with pytest.raises(JournalTimeoutError):  # a deadline sooner than the writer's watchdog: it is not killed
+            await client._call(Record(it, AfterSuccess(), "me", time.monotonic() + 0.2), time.monotonic() + 0.3)
+        slow = writers[0]
+        [_setup, (request_id, _record)] = await slow.received(2)
+        slow.other.sendall(frame(request_id, Done()))  # committed, answered too late
+        [*_, (advance_id, advance)] = await slow.received(3)  # the client closes it through the writer
+        assert (advance.operation_id, advance.expected_from, advance.to) == (it.operation_id, "submitted", "rejected")
+        assert advance.updates["error_code"] == "not_sent"
+        slow.other.sendall(frame(advance_id, Done()))
+        assert not slow.killed
+        await client.aclose()
 
     asyncio.run(asyncio.wait_for(go(), 30))
