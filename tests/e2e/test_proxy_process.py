@@ -190,14 +190,14 @@ def test_sigkill_mid_request_is_recovered_as_outcome_unknown(db_url, upstream, t
     migrate_url(db_url)
     config = write_config(tmp_path, "proxy:\n  heartbeat_interval: 1s\n  instance_dead_after: 3s\n")
     confdir = tmp_path / "confdir"
-    path = f"/slow/{tag()}"
+    path = f"/held/{tag()}"  # answered only once the proxy is dead
     proc, port = start_proxy_process(config, db_url, confdir, tmp_path / "first.log")
     outcome: dict = {}
 
     def agent() -> None:
         try:
             with proxy_client(f"http://127.0.0.1:{port}", timeout=20) as client:
-                outcome["response"] = client.post(upstream.base + path + "?seconds=5", json={"crash": path})
+                outcome["response"] = client.post(upstream.base + path, json={"crash": path})
         except httpx.HTTPError as e:
             outcome["error"] = e
 
@@ -212,6 +212,7 @@ def test_sigkill_mid_request_is_recovered_as_outcome_unknown(db_url, upstream, t
         proc.wait(10)
     finally:
         stop_process(proc)
+        upstream.release(path)
     thread.join(10)
     assert "error" in outcome, outcome  # the agent lost its connection; it never got an answer
 

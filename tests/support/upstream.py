@@ -28,6 +28,15 @@ class Upstream(Served):
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_id: int = 1000
+    gates: dict[str, threading.Event] = field(default_factory=dict)
+
+    def gate(self, path: str) -> threading.Event:
+        with self.lock:
+            return self.gates.setdefault(path, threading.Event())
+
+    def release(self, path: str) -> None:
+        """Let every request held at `path` (`/held/...`) be answered: the test says when, not a clock."""
+        self.gate(path).set()
 
     def count(self, method: str | None = None, path: str | None = None) -> int:
         with self.lock:
@@ -74,6 +83,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if parts[0] == "slow":
             time.sleep(float(q.get("seconds", ["5"])[0]))
+        if parts[0] == "held":  # answered once the test releases it (bounded, so a test that forgets cannot hang)
+            up.gate(url.path).wait(60)
         if parts[0] == "status":
             status = int(parts[1])
             return self._send(status, {"error": f"status {status}"})
