@@ -217,3 +217,18 @@ def test_a_write_the_writer_committed_before_it_died_is_closed_as_not_sent(journ
     monkeypatch.undo()
     again = run(post())
     assert again.response.status_code == 201 and len(sender.sent) == 2
+
+
+def test_a_write_whose_agent_left_before_its_receipt_was_committed_is_not_sent(journal):
+    """Nobody waits for its answer any more, and the agent may already be retrying: it is closed as not sent."""
+    from mitmproxy.connection import ConnectionState
+
+    run, addon, sender = journal(created())
+    flow = post()
+    flow.client_conn.state = ConnectionState.CLOSED
+    run(flow)
+    assert sender.sent == []
+    assert addon.store is not None
+    [receipt] = addon.store.receipts.list()
+    assert (receipt.state, receipt.error_code) == ("rejected", "not_sent")
+    assert states(addon, receipt.operation_id) == ["planned", "submitted", "rejected"]
