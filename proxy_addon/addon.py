@@ -127,6 +127,10 @@ class Receipts:
             config, self.store, self.journal, AccountHasher(key), _sender(), self.executor, self.instance_id
         )
 
+    def running(self) -> None:
+        if self.journal is not None:
+            self.journal.start_soon()
+
     async def done(self) -> None:
         if self.handler is not None:
             await self.handler.waiters.aclose()

@@ -170,6 +170,12 @@ class JournalClient:
         self._connecting: asyncio.Task[asyncio.StreamWriter] | None = None
         metrics.WRITER_PENDING.set_function(lambda: len(self._pending))
 
+    def start_soon(self) -> None:
+        """Start the writer now, on this event loop, rather than with the first write: its start-up (a new
+        Python importing the database layer) then overlaps the proxy's own instead of delaying that write."""
+        task = asyncio.get_running_loop().create_task(self._connected())
+        task.add_done_callback(_retrieve)  # a failed start is the first write's to report
+
     # -- the hot path's two calls -----------------------------------------------------------------------------
 
     async def record(self, intent: Intent, after_success: AfterSuccess, who: str) -> None:
