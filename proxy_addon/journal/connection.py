@@ -1,5 +1,6 @@
 """The writer's one database connection: opened through the project's engine, used below SQLAlchemy."""
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -75,10 +76,10 @@ class DriverConnection:
         if that is sooner. Set only when it changes: a SET costs a round trip when it is alone. On PostgreSQL
         the SET is part of the transaction: if that fails, the connection is discarded, and the next one is set
         up afresh."""
-        ms = max(1, int(seconds * 1000))
-        if self._wait_ms is not None:
+        ms = max(1, int(seconds * 1000)) if math.isfinite(seconds) else self._wait_ms  # no deadline: its own bound
+        if ms is not None and self._wait_ms is not None:
             ms = min(ms, self._wait_ms)
-        if ms == self._bound_ms:
+        if ms is None or ms == self._bound_ms:
             return
         if self.dialect == "sqlite":
             driver.execute(f"PRAGMA busy_timeout = {ms}")
