@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl
 import pytest
 from mitmproxy.net.http.multipart import encode_multipart
 from pydantic import ValidationError
+from support.bodies import binary
 
 from proxy_addon.account import ANONYMOUS, SECRET_ENV, AccountHasher, load_or_create_key
 from proxy_addon.config import BUILTIN_SECRET_HEADERS, DEFAULT_REDACT_FIELDS
@@ -118,12 +119,19 @@ def test_multipart_ignores_the_boundary_and_redacts_secret_parts():
 
 def test_multipart_parts_are_identified_by_a_keyed_hmac_not_an_unsalted_digest():
     """An unsalted SHA-256 of a part is a brute-force away from a card number or a PIN; a keyed one is not."""
-    ct, raw = multipart("AAAA", [(b"card", b"4111111111111111"), (b"pin", b"1234")])
+    card, pin = b"4111111111111111", b"1234"
+    ct, raw = multipart("AAAA", [(b"card", card), (b"pin", pin)])
     body = analyse_body(ct, raw, RF)
-    text = body.stored.decode() + canonical_json(body.identity)
-    for value in (b"4111111111111111", b"1234"):
-        assert hashlib.sha256(value).hexdigest() not in text
-        assert value.decode() not in body.stored.decode()
+    stored, identity = dict(json.loads(body.stored)["multipart"]), dict(body.identity)
+    assert stored["pin"] == REDACTED and stored["card"].startswith("hmac:")  # a secret part: the marker alone
+    assert identity["pin"].startswith("hmac:") and identity["card"] == stored["card"]
+    # where a value could leak: as a part's value, or as its unsalted digest (a per-run key's hex digest may well
+    # hold "1234" as a substring, so the digests are compared whole, never searched for the value's digits)
+    for value in (card, pin):
+        unsalted = hashlib.sha256(value).hexdigest()
+        for digest in (*stored.values(), *identity.values()):
+            assert digest not in (value.decode(), unsalted, "sha256:" + unsalted, "hmac:" + unsalted)
+        assert unsalted not in body.stored.decode() + canonical_json(body.identity)  # 64 hex digits: never by chance
     key_a = analyse_body(ct, raw, RF, keyed=AccountHasher(b"a" * 32).digest)
     key_b = analyse_body(ct, raw, RF, keyed=AccountHasher(b"b" * 32).digest)
     assert key_a.identity != key_b.identity  # it depends on the key
@@ -186,7 +194,7 @@ def test_unparsable_structured_body_is_bytes_with_a_note_and_stored_redacted(ct,
     (JSON, b"", "empty"),
     (None, b"", "empty"),
     (JSON, json.dumps([{"i": i, "text": "x" * 100} for i in range(5_000)]).encode(), "json"),
-    ("application/octet-stream", os.urandom(5 * 1024 * 1024), "bytes"),
+    ("application/octet-stream", binary(5 * 1024 * 1024), "bytes"),  # far over MAX_CANONICAL_BODY, never JSON
 ])
 def test_binary_empty_non_utf8_and_large_bodies(ct, body, kind):
     got = analyse_body(ct, body, RF)
