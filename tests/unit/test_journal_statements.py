@@ -86,24 +86,31 @@ class Hot:
 
 def scenario(path: General | Hot, account: str) -> tuple[list[Outcome], dict[str, str]]:
     """Every decision the hot path makes: new, open, key reused, success replayed or allowed, invalidated by a
-    later write to the target; every kind of column a receipt holds. Returns the outcomes, op ids by label."""
+    later write to the target; a second account sending the same body, the same key and a write to the same
+    target, kept apart from the first in each; every kind of column a receipt holds. Returns the outcomes, op ids
+    by label."""
     ops: dict[str, str] = {}
     out: list[Outcome] = []
     same, other = fp(), fp()
 
     def new(label: str, fingerprint: str, **kw: Any) -> Intent:
-        it = intent(fingerprint, account=account, proxy_instance="me", **kw)
+        it = intent(fingerprint, **{"account": account, "proxy_instance": "me", **kw})
         ops[label] = it.operation_id
         return it
 
+    second = {"account": account + ":second"}  # another agent's credentials
     full = {"query": "b=2&a=1", "request_headers": {"content-type": "application/json", "authorization": "[REDACTED]"},
             "request_body": b'{"t": "x"}', "request_body_size": 10, "request_body_truncated": True, "body_note": "note"}
     out.append(path.record(new("a", same, idempotency_key="k-1", **full), REPLAY))
     out.append(path.record(new("a-again", same), REPLAY))
+    out.append(path.record(new("second-same", same, **second), REPLAY))  # a's open receipt is not in its way
     out.append(path.record(new("key-reused", other, idempotency_key="k-1"), REPLAY))
+    out.append(path.record(new("second-key", fp(), idempotency_key="k-1", **second), REPLAY))  # its own key
+    out.append(path.advance(ops["second-same"], S.REJECTED, {"status_code": 422, "error_code": "upstream_status"}))
     out.append(path.advance(ops["a"], S.SUCCEEDED, ANSWER))
     out.append(path.advance(ops["a"], S.REJECTED, {"error_code": "x"}))
     out.append(path.advance("op_missing", S.SUCCEEDED, {}))
+    out.append(path.record(new("second-after-success", same, **second), REPLAY))  # never a's answer
     out.append(path.record(new("a-replayed", same), REPLAY))
     out.append(path.record(new("a-refused", same), AfterSuccess(policy="refuse", window=60)))
     out.append(path.record(new("a2", same), ALLOW))
@@ -112,6 +119,9 @@ def scenario(path: General | Hot, account: str) -> tuple[list[Outcome], dict[str
     target = fp()
     out.append(path.record(new("post", target, path="/t"), REPLAY))
     out.append(path.advance(ops["post"], S.SUCCEEDED, {"status_code": 201}))
+    out.append(path.record(new("second-put", fp(), method="PUT", path="/t", **second), REPLAY))
+    out.append(path.advance(ops["second-put"], S.SUCCEEDED, {"status_code": 200}))
+    out.append(path.record(new("post-after-second", target, path="/t"), REPLAY))  # another account's PUT ends nothing
     out.append(path.record(new("put", fp(), method="PUT", path="/t"), REPLAY))
     out.append(path.advance(ops["put"], S.SUCCEEDED, {"status_code": 200}))
     out.append(path.record(new("post-again", target, path="/t"), REPLAY))  # the PUT ended its replay window
@@ -121,6 +131,12 @@ def scenario(path: General | Hot, account: str) -> tuple[list[Outcome], dict[str
 def labelled(outcomes: list[Outcome], ops: dict[str, str]) -> list[Outcome]:
     label = {op: name for name, op in ops.items()}
     return [tuple(label.get(part, part) for part in o) for o in outcomes]
+
+
+def decisions(outcomes: list[Outcome], ops: dict[str, str]) -> dict[str, Outcome]:
+    """Each record's outcome by its label (the scenario labels each intent it records, in order)."""
+    records = [o for o in labelled(outcomes, ops) if o[0] in ("recorded", "blocked")]
+    return dict(zip(ops, records, strict=True))
 
 
 def stored(store: ReceiptStore, ops: dict[str, str]) -> dict[str, Any]:
@@ -165,6 +181,11 @@ def test_the_hot_path_decides_and_writes_as_the_general_path(both):
     assert ("blocked", "key_mismatch", "a") in labelled(hot_outcomes, hot_ops)  # the scenario covers each decision
     assert {o[1] for o in hot_outcomes if o[0] == "blocked"} == {"open", "succeeded", "key_mismatch"}
     assert labelled(general_outcomes, general_ops)[-1] == ("recorded",)
+    # each path on its own, not only equal to the other: a decision that ignored the account would be the same on both
+    for outcomes, ops in ((hot_outcomes, hot_ops), (general_outcomes, general_ops)):
+        decided = decisions(outcomes, ops)
+        assert decided["second-same"] == decided["second-key"] == decided["second-after-success"] == ("recorded",)
+        assert decided["post-after-second"] == ("blocked", "succeeded", "post")
     assert stored(store, hot_ops) == stored(store, general_ops)
 
 
