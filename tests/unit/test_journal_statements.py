@@ -5,6 +5,7 @@ the store reads."""
 
 import dataclasses
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -248,3 +249,34 @@ def test_a_batch_decides_as_its_requests_would_one_by_one(migrated_url):
     ]
     assert isinstance(closed[7], Failed) and (closed[7].reason, closed[7].actual) == ("stale", "succeeded")
     assert isinstance(opened[5], Failed) and opened[5].reason == "not_found"
+
+
+COMPLETED = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)  # a success's completed_at, whole seconds on both databases
+US = timedelta(microseconds=1)  # both databases keep microseconds
+WINDOW = timedelta(seconds=REPLAY.window)
+AROUND_THE_WINDOW = {  # the clock's time at the repeat -> whether the success still blocks it
+    "end": (COMPLETED, True),  # completed this very microsecond
+    "start-1us": (COMPLETED + WINDOW - US, True),
+    "start": (COMPLETED + WINDOW, True),  # the window's start is in it: completed_at >= now - window
+    "start+1us": (COMPLETED + WINDOW + US, False),
+}
+
+
+@pytest.mark.parametrize("path", ["general", "hot"])
+def test_a_success_blocks_from_the_windows_start_to_its_end(both, monkeypatch, path):
+    """The same repeat at the instants around the window's bounds, with the clock frozen (both paths read it
+    through records.utcnow); each instant with a success of its own."""
+    store, hot = both
+    run = General(store) if path == "general" else hot
+    got, expected = {}, {}
+    for name, (now, blocked) in AROUND_THE_WINDOW.items():
+        monkeypatch.undo()
+        first = intent(proxy_instance="me")
+        assert run.record(first, REPLAY) == ("recorded",)
+        assert run.advance(first.operation_id, S.SUCCEEDED, {"status_code": 201, "completed_at": COMPLETED}) == ("advanced",)
+        assert store.receipts.get(first.operation_id).completed_at == COMPLETED
+        for module in ("proxy_addon.store.receipts", "proxy_addon.journal.hot_path"):
+            monkeypatch.setattr(f"{module}.utcnow", lambda now=now: now)
+        got[name] = run.record(intent(first.intent_fingerprint, proxy_instance="me"), REPLAY)
+        expected[name] = ("blocked", "succeeded", first.operation_id) if blocked else ("recorded",)
+    assert got == expected
