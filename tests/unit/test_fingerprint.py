@@ -17,7 +17,17 @@ from support.bodies import binary
 from proxy_addon.account import ANONYMOUS, SECRET_ENV, AccountHasher, load_or_create_key
 from proxy_addon.config import BUILTIN_SECRET_HEADERS, DEFAULT_REDACT_FIELDS
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.fingerprint import REDACTED, analyse_body, canonical_json, intent_fingerprint, redact_headers
+from proxy_addon.fingerprint import (
+    MAX_CANONICAL_BODY,
+    MAX_ITEMS,
+    MAX_JSON_DEPTH,
+    MAX_NUMBER_CHARS,
+    REDACTED,
+    analyse_body,
+    canonical_json,
+    intent_fingerprint,
+    redact_headers,
+)
 from proxy_addon.operations import FingerprintRule
 
 RF = frozenset(DEFAULT_REDACT_FIELDS)
@@ -375,3 +385,58 @@ def test_a_form_too_long_to_canonicalise_is_identified_by_its_bytes():
     body = b"&".join(b"f%d=1" % i for i in range(60_000)) + b"&password=hunter2-s3cr3t"
     got = analyse_body(FORM, body, RF)
     assert got.kind == "bytes" and "over 50000 items" in (got.note or "") and got.stored == REDACTED.encode()
+
+
+def _json_of_length(n: int) -> bytes:
+    return b'{"a": "' + b"x" * (n - 9) + b'"}'
+
+
+def _json_of_items(n: int) -> bytes:  # n separators: `[` and n - 1 commas
+    return b"[" + b"0," * (n - 1) + b"0]"
+
+
+def _json_of_number(n: int) -> bytes:  # a number literal n characters long
+    return b'{"a": 1.' + b"9" * (n - 2) + b"}"
+
+
+def _json_of_depth(n: int) -> bytes:
+    return b"[" * n + b"]" * n
+
+
+def _form_of_items(n: int) -> bytes:  # n separators: the `&` between n + 1 pairs
+    return b"&".join(b"f=1" for _ in range(n + 1))
+
+
+@pytest.mark.parametrize("make, bound, ct, kind", [
+    (_json_of_length, MAX_CANONICAL_BODY, JSON, "json"),
+    (_json_of_items, MAX_ITEMS, JSON, "json"),
+    (_json_of_number, MAX_NUMBER_CHARS, JSON, "json"),
+    (_json_of_depth, MAX_JSON_DEPTH + 1, JSON, "json"),  # the outermost container is level 0
+    (_json_of_length, MAX_CANONICAL_BODY, "text/plain", "json"),  # undeclared JSON, sniffed
+    (_form_of_items, MAX_ITEMS, FORM, "form"),
+], ids=["length", "items", "number", "depth", "sniffed-length", "form-items"])
+def test_a_body_at_a_canonicalisation_bound_is_canonicalised_and_one_past_it_is_not(make, bound, ct, kind):
+    """At the bound itself, and one past it: `over` a bound means past it, as each bound's note says."""
+    at, past = make(bound), make(bound + 1)
+    assert analyse_body(ct, at, RF).kind == kind
+    got = analyse_body(ct, past, RF)
+    assert got.kind == "bytes" and got.note and "fingerprinted as bytes" in got.note and got.stored == REDACTED.encode()
+
+
+@pytest.mark.parametrize("parts, kind", [(9, "multipart"), (10, "bytes")])
+def test_a_multipart_body_at_the_parts_bound_is_read_and_one_past_it_is_not(monkeypatch, parts, kind):
+    """n parts have n + 1 delimiters (the closing one too); the bound is lowered to 10 to keep the test fast."""
+    monkeypatch.setattr("proxy_addon.fingerprint.MAX_ITEMS", 10)
+    ct, raw = multipart("b0undary", [(b"f", b"1")] * parts)
+    assert raw.count(b"--b0undary") == parts + 1
+    assert analyse_body(ct, raw, RF).kind == kind
+
+
+@pytest.mark.parametrize("size", [MAX_CANONICAL_BODY, MAX_CANONICAL_BODY + 1])
+def test_text_that_only_looks_like_json_is_kept_as_text_up_to_the_bound(size):
+    """Undeclared JSON is sniffed; text that starts like JSON but is not is identified and kept as the text it says
+    it is, unless it is too long to have been looked at: then it may be JSON whose secrets were never found."""
+    body = b"{ not json " + b"x" * (size - 11)
+    got = analyse_body("text/plain", body, RF)
+    assert len(body) == size and got.kind == "bytes"
+    assert got.stored == (body if size <= MAX_CANONICAL_BODY else REDACTED.encode())

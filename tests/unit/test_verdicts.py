@@ -64,3 +64,16 @@ def test_an_answer_with_a_secret_field_is_kept_redacted(encoding):
 def test_an_answer_longer_than_the_cap_is_kept_truncated():
     kept = storable_response(answered(201, b"x" * 100), POLICY, 64)
     assert (len(kept["response_body"]), kept["response_body_truncated"], kept["response_body_redacted"]) == (64, True, False)
+
+
+CAP = 64
+
+
+@pytest.mark.parametrize("size", [CAP - 1, CAP, CAP + 1])
+def test_the_stored_answer_is_whole_up_to_the_cap_and_marked_cut_past_it(size):
+    """At the bound itself: an answer one byte over the cap kept as if whole would be replayed one byte short."""
+    body = bytes(range(size))
+    kept = storable_response(answered(201, body), POLICY, CAP)
+    assert kept["response_body"] == body[:CAP]
+    assert kept["response_body_truncated"] is (size > CAP)
+    assert len(kept["response_body"]) == min(size, CAP)
