@@ -18,8 +18,8 @@ def answered(status: int, body: bytes = b"", headers: list[tuple[bytes, bytes]] 
 
 
 @pytest.mark.parametrize("status, state", [
-    (200, State.SUCCEEDED), (201, State.SUCCEEDED), (204, State.SUCCEEDED), (303, State.SUCCEEDED),
-    (301, State.REJECTED), (302, State.REJECTED), (304, State.REJECTED), (307, State.REJECTED), (308, State.REJECTED),
+    (200, State.SUCCEEDED), (201, State.SUCCEEDED), (204, State.SUCCEEDED), (299, State.SUCCEEDED), (303, State.SUCCEEDED),
+    (300, State.REJECTED), (301, State.REJECTED), (302, State.REJECTED), (304, State.REJECTED), (307, State.REJECTED), (308, State.REJECTED),
     (401, State.REJECTED), (413, State.REJECTED), (422, State.REJECTED), (501, State.REJECTED),
     (500, State.OUTCOME_UNKNOWN), (503, State.OUTCOME_UNKNOWN),
 ])
