@@ -280,3 +280,57 @@ def test_a_success_blocks_from_the_windows_start_to_its_end(both, monkeypatch, p
         got[name] = run.record(intent(first.intent_fingerprint, proxy_instance="me"), REPLAY)
         expected[name] = ("blocked", "succeeded", first.operation_id) if blocked else ("recorded",)
     assert got == expected
+
+
+LATER_WRITES = [  # a later write to the success's target: its method, the state it is in, whether it ends the window
+    ("PUT", S.SUCCEEDED, True), ("PATCH", S.SUCCEEDED, True), ("DELETE", S.SUCCEEDED, True),
+    ("POST", S.SUCCEEDED, False),  # a later create undoes nothing
+    ("PUT", S.SUBMITTED, True), ("PUT", S.OUTCOME_UNKNOWN, True),  # it may have happened
+    ("PUT", S.REJECTED, False), ("PUT", S.SAFE_TO_RETRY, False),  # known not to have happened
+]
+
+
+@pytest.mark.parametrize("path", ["general", "hot"])
+def test_which_later_writes_to_its_target_end_a_successs_window(both, path):
+    """duplicates.py: a later PUT, PATCH or DELETE by the same account ends it, unless known not to have happened."""
+    store, hot = both
+    run = General(store) if path == "general" else hot
+    got, expected = [], []
+    for i, (method, state, ends) in enumerate(LATER_WRITES):
+        target = f"/t/{i}"
+        first = intent(path=target, proxy_instance="me")
+        assert run.record(first, REPLAY) == ("recorded",)
+        assert run.advance(first.operation_id, S.SUCCEEDED, {"status_code": 201}) == ("advanced",)
+        later = intent(method=method, path=target, proxy_instance="me")
+        assert run.record(later, REPLAY) == ("recorded",)
+        steps = {S.SUBMITTED: [], S.SUCCEEDED: [S.SUCCEEDED], S.REJECTED: [S.REJECTED], S.OUTCOME_UNKNOWN: [S.OUTCOME_UNKNOWN],
+                 S.SAFE_TO_RETRY: [S.OUTCOME_UNKNOWN, S.SAFE_TO_RETRY]}[state]
+        for frm, to in zip([S.SUBMITTED, *steps], steps):
+            store.receipts.transition(later.operation_id, frm, to)
+        got.append((method, state.value, run.record(intent(first.intent_fingerprint, path=target, proxy_instance="me"), REPLAY)))
+        expected.append((method, state.value, ("recorded",) if ends else ("blocked", "succeeded", first.operation_id)))
+    # a PUT's own success, after an earlier PUT to its target: neither it nor the earlier one ends its window
+    earlier, put = intent(method="PUT", path="/t/put", proxy_instance="me"), intent(method="PUT", path="/t/put", proxy_instance="me")
+    for it in (earlier, put):
+        assert run.record(it, REPLAY) == ("recorded",)
+        assert run.advance(it.operation_id, S.SUCCEEDED, {"status_code": 200}) == ("advanced",)
+    got.append(run.record(intent(put.intent_fingerprint, method="PUT", path="/t/put", proxy_instance="me"), REPLAY))
+    expected.append(("blocked", "succeeded", put.operation_id))
+    assert got == expected
+
+
+@pytest.mark.parametrize("path", ["general", "hot"])
+def test_of_two_successes_the_latest_is_the_one_replayed(both, monkeypatch, path):
+    """Two successes of one intent in the window (the second let through by `allow`): a repeat gets the latest,
+    whichever was recorded first."""
+    store, hot = both
+    run = General(store) if path == "general" else hot
+    same, ops = fp(), []
+    for completed in (COMPLETED + timedelta(seconds=2), COMPLETED + timedelta(seconds=1)):  # the later one recorded first
+        it = intent(same, proxy_instance="me")
+        assert run.record(it, ALLOW) == ("recorded",)
+        assert run.advance(it.operation_id, S.SUCCEEDED, {"status_code": 201, "completed_at": completed}) == ("advanced",)
+        ops.append(it.operation_id)
+    for module in ("proxy_addon.store.receipts", "proxy_addon.journal.hot_path"):  # both in the window
+        monkeypatch.setattr(f"{module}.utcnow", lambda: COMPLETED + timedelta(seconds=3))
+    assert run.record(intent(same, proxy_instance="me"), REPLAY) == ("blocked", "succeeded", ops[0])
