@@ -8,12 +8,12 @@ upstreams (support/answering.py), httpx through the proxy, receipts on SQLite an
 - An upstream closing idle connections (after 0.3 s, after 1 s) never turns into a false outcome_unknown.
 """
 
-import os
 import time
 from pathlib import Path
 
 import pytest
 from support.answering import AnsweringUpstream
+from support.bodies import binary
 from support.e2e import open_store, proxy_client, tag
 from support.proxy import start_inprocess_proxy
 
@@ -100,7 +100,7 @@ def test_the_deadline_bounds_the_whole_exchange(env, ups):
 @pytest.mark.parametrize("status", [413, 401])
 def test_an_early_answer_then_a_reset_stands(env, ups, status):
     path = f"/early/{status}/{tag()}"
-    r = env["client"].post(ups["main"].base + path, content=os.urandom(BIG_BODY), headers={"Content-Type": "application/octet-stream"})
+    r = env["client"].post(ups["main"].base + path, content=binary(BIG_BODY), headers={"Content-Type": "application/octet-stream"})
     assert r.status_code == status, r.text
     assert r.json() == {"error": status}  # the upstream's own answer
     receipt = receipt_of(env, r)
@@ -113,7 +113,7 @@ def test_an_early_answer_then_a_reset_stands(env, ups, status):
 
 def test_a_journaled_write_over_stream_large_bodies_goes_upstream_once(streaming, ups):
     path = f"/pretty/{tag()}"
-    body = os.urandom(8 * 1024)  # over the 1k at which mitmproxy would stream it
+    body = binary(8 * 1024)  # over the 1k at which mitmproxy would stream it
     r = streaming["client"].post(ups["main"].base + path, content=body, headers={"Content-Type": "application/octet-stream"})
     assert r.status_code == 201 and r.headers["X-Receipt-State"] == "succeeded", r.text
     assert ups["main"].count(path) == 1
@@ -124,7 +124,7 @@ def test_a_journaled_write_over_stream_large_bodies_goes_upstream_once(streaming
 def test_a_chunked_journaled_write_over_stream_large_bodies_goes_upstream_once(streaming, ups):
     """No Content-Length: mitmproxy decides to stream only once it has read past the limit."""
     path = f"/pretty/{tag()}"
-    parts = [os.urandom(1024) for _ in range(8)]
+    parts = [binary(1024, seed=i) for i in range(8)]
     r = streaming["client"].post(ups["main"].base + path, content=iter(parts), headers={"Content-Type": "application/octet-stream"})
     assert r.status_code == 201 and r.headers["X-Receipt-State"] == "succeeded", r.text
     assert ups["main"].count(path) == 1

@@ -7,10 +7,11 @@ import logging
 import zlib
 
 import pytest
-from mitmproxy.test import tutils
+from mitmproxy.test import taddons, tflow, tutils
 
 from proxy_addon import bodylimit
-from proxy_addon.admission import OwnAddresses, bad_request
+from proxy_addon.admission import Admission, OwnAddresses, bad_request
+from proxy_addon.config import parse_config
 from proxy_addon.facts import RequestFacts, split_query
 from proxy_addon.log import scrub_standard_logging
 
@@ -134,3 +135,64 @@ def test_mitmproxy_lines_reach_the_log_scrubbed(caplog):
         )
     text = caplog.text
     assert "pw-4f1e" not in text and "tok-9a2b" not in text and "page=2" in text and "Bad HTTP request line" in text
+
+
+LIMIT = 100
+
+
+@pytest.mark.parametrize("size", [LIMIT - 1, LIMIT, LIMIT + 1])
+@pytest.mark.parametrize("chunk", [1, 7, LIMIT + 1])
+def test_the_bounded_buffer_keeps_a_body_of_the_limit_and_nothing_of_one_byte_more(size, chunk):
+    body = bytes(range(size))
+    state: dict = {}
+    buffer = bodylimit.BoundedBody(LIMIT, state)
+    for i in range(0, size, chunk):
+        buffer += body[i:i + chunk]
+    assert bool(state.get("over")) is (size > LIMIT) and state["seen"] == size
+    assert bytes(buffer) == (body if size <= LIMIT else b"")
+
+
+@pytest.mark.parametrize("size", [LIMIT - 1, LIMIT, LIMIT + 1])
+def test_a_body_is_over_max_body_from_one_byte_past_it(size):
+    """What the request hook checks: the body as read (the buffer's own verdict, when it was bounded)."""
+    read = tflow.tflow()
+    read.request.content = b"x" * size
+    assert bodylimit.over_limit(read, LIMIT) == (size if size > LIMIT else None)
+    bounded = tflow.tflow()
+    buffer = bodylimit.BoundedBody(LIMIT, bounded.metadata.setdefault(bodylimit.METADATA_KEY, {}))
+    buffer += b"x" * size
+    bounded.request.content = bytes(buffer)
+    assert bodylimit.over_limit(bounded, LIMIT) == (size if size > LIMIT else None)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+@pytest.mark.parametrize("size", [LIMIT - 1, LIMIT, LIMIT + 1])
+def test_a_body_is_inflated_up_to_the_limit_and_no_further(encoding, size):
+    plain = bytes(i % 7 for i in range(size))
+    encoded = gzip.compress(plain) if encoding == "gzip" else zlib.compress(plain)
+    request = tutils.treq(content=encoded, headers=((b"content-encoding", encoding.encode()),))
+    assert bodylimit.decoded_body(request, LIMIT) == ((plain, True) if size <= LIMIT else (encoded, False))
+
+
+class _Journals:
+    """The Receipts addon as Admission sees it: its config, and every request journaled."""
+
+    config = parse_config(f"proxy: {{max_body: {LIMIT}}}")
+
+    def journals(self, flow) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("declared", [LIMIT - 1, LIMIT, LIMIT + 1])
+def test_a_declared_length_is_refused_from_one_byte_past_max_body(declared):
+    """From the head alone (Content-Length), before any of the body is read."""
+    admission = Admission(_Journals(), None, lambda answer, flow: tutils.tresp(status_code=answer.status))
+    admission.own = OwnAddresses()  # listening nowhere: nothing is the proxy itself
+    f = tflow.tflow(req=tutils.treq(content=b"", headers=((b"content-length", str(declared).encode()),)))
+
+    async def run():
+        with taddons.context(admission):
+            await admission.requestheaders(f)
+
+    asyncio.run(run())
+    assert (f.response.status_code if f.response else None) == (413 if declared > LIMIT else None)

@@ -12,11 +12,22 @@ from urllib.parse import parse_qsl
 import pytest
 from mitmproxy.net.http.multipart import encode_multipart
 from pydantic import ValidationError
+from support.bodies import binary
 
 from proxy_addon.account import ANONYMOUS, SECRET_ENV, AccountHasher, load_or_create_key
 from proxy_addon.config import BUILTIN_SECRET_HEADERS, DEFAULT_REDACT_FIELDS
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.fingerprint import REDACTED, analyse_body, canonical_json, intent_fingerprint, redact_headers
+from proxy_addon.fingerprint import (
+    MAX_CANONICAL_BODY,
+    MAX_ITEMS,
+    MAX_JSON_DEPTH,
+    MAX_NUMBER_CHARS,
+    REDACTED,
+    analyse_body,
+    canonical_json,
+    intent_fingerprint,
+    redact_headers,
+)
 from proxy_addon.operations import FingerprintRule
 
 RF = frozenset(DEFAULT_REDACT_FIELDS)
@@ -118,12 +129,19 @@ def test_multipart_ignores_the_boundary_and_redacts_secret_parts():
 
 def test_multipart_parts_are_identified_by_a_keyed_hmac_not_an_unsalted_digest():
     """An unsalted SHA-256 of a part is a brute-force away from a card number or a PIN; a keyed one is not."""
-    ct, raw = multipart("AAAA", [(b"card", b"4111111111111111"), (b"pin", b"1234")])
+    card, pin = b"4111111111111111", b"1234"
+    ct, raw = multipart("AAAA", [(b"card", card), (b"pin", pin)])
     body = analyse_body(ct, raw, RF)
-    text = body.stored.decode() + canonical_json(body.identity)
-    for value in (b"4111111111111111", b"1234"):
-        assert hashlib.sha256(value).hexdigest() not in text
-        assert value.decode() not in body.stored.decode()
+    stored, identity = dict(json.loads(body.stored)["multipart"]), dict(body.identity)
+    assert stored["pin"] == REDACTED and stored["card"].startswith("hmac:")  # a secret part: the marker alone
+    assert identity["pin"].startswith("hmac:") and identity["card"] == stored["card"]
+    # where a value could leak: as a part's value, or as its unsalted digest (a per-run key's hex digest may well
+    # hold "1234" as a substring, so the digests are compared whole, never searched for the value's digits)
+    for value in (card, pin):
+        unsalted = hashlib.sha256(value).hexdigest()
+        for digest in (*stored.values(), *identity.values()):
+            assert digest not in (value.decode(), unsalted, "sha256:" + unsalted, "hmac:" + unsalted)
+        assert unsalted not in body.stored.decode() + canonical_json(body.identity)  # 64 hex digits: never by chance
     key_a = analyse_body(ct, raw, RF, keyed=AccountHasher(b"a" * 32).digest)
     key_b = analyse_body(ct, raw, RF, keyed=AccountHasher(b"b" * 32).digest)
     assert key_a.identity != key_b.identity  # it depends on the key
@@ -186,7 +204,7 @@ def test_unparsable_structured_body_is_bytes_with_a_note_and_stored_redacted(ct,
     (JSON, b"", "empty"),
     (None, b"", "empty"),
     (JSON, json.dumps([{"i": i, "text": "x" * 100} for i in range(5_000)]).encode(), "json"),
-    ("application/octet-stream", os.urandom(5 * 1024 * 1024), "bytes"),
+    ("application/octet-stream", binary(5 * 1024 * 1024), "bytes"),  # far over MAX_CANONICAL_BODY, never JSON
 ])
 def test_binary_empty_non_utf8_and_large_bodies(ct, body, kind):
     got = analyse_body(ct, body, RF)
@@ -244,8 +262,10 @@ def account(headers: list[tuple[str, str]], key: bytes = KEY) -> str:
     ([("Authorization", "Bearer one")], [("Authorization", "Bearer one")], True),
     ([("Authorization", "Bearer one")], [("authorization", "Bearer one"), ("Accept", "x")], True),
     ([("Authorization", "Bearer one")], [("Authorization", "Bearer two")], False),
-    ([("Authorization", "x"), ("Cookie", "c")], [("Cookie", "c"), ("Authorization", "x")], True),
-    ([("Authorization", "x")], [("Cookie", "x")], False),
+    # two credentials in either order (not Cookie: it rotates, and so counts for no account at all)
+    ([("Authorization", "x"), ("X-Api-Key", "c")], [("X-Api-Key", "c"), ("Authorization", "x")], True),
+    ([("Authorization", "x")], [("X-Api-Key", "x")], False),  # the same value as another credential
+    ([("Authorization", "x"), ("X-Api-Key", "c")], [("Authorization", "c"), ("X-Api-Key", "x")], False),
     ([("X-Api-Key", "x"), ("Proxy-Authorization", "p1")], [("X-Api-Key", "x"), ("Proxy-Authorization", "p2")], True),
 ])
 def test_account_is_a_keyed_hash_of_the_credentials(a, b, same):
@@ -367,3 +387,58 @@ def test_a_form_too_long_to_canonicalise_is_identified_by_its_bytes():
     body = b"&".join(b"f%d=1" % i for i in range(60_000)) + b"&password=hunter2-s3cr3t"
     got = analyse_body(FORM, body, RF)
     assert got.kind == "bytes" and "over 50000 items" in (got.note or "") and got.stored == REDACTED.encode()
+
+
+def _json_of_length(n: int) -> bytes:
+    return b'{"a": "' + b"x" * (n - 9) + b'"}'
+
+
+def _json_of_items(n: int) -> bytes:  # n separators: `[` and n - 1 commas
+    return b"[" + b"0," * (n - 1) + b"0]"
+
+
+def _json_of_number(n: int) -> bytes:  # a number literal n characters long
+    return b'{"a": 1.' + b"9" * (n - 2) + b"}"
+
+
+def _json_of_depth(n: int) -> bytes:
+    return b"[" * n + b"]" * n
+
+
+def _form_of_items(n: int) -> bytes:  # n separators: the `&` between n + 1 pairs
+    return b"&".join(b"f=1" for _ in range(n + 1))
+
+
+@pytest.mark.parametrize("make, bound, ct, kind", [
+    (_json_of_length, MAX_CANONICAL_BODY, JSON, "json"),
+    (_json_of_items, MAX_ITEMS, JSON, "json"),
+    (_json_of_number, MAX_NUMBER_CHARS, JSON, "json"),
+    (_json_of_depth, MAX_JSON_DEPTH + 1, JSON, "json"),  # the outermost container is level 0
+    (_json_of_length, MAX_CANONICAL_BODY, "text/plain", "json"),  # undeclared JSON, sniffed
+    (_form_of_items, MAX_ITEMS, FORM, "form"),
+], ids=["length", "items", "number", "depth", "sniffed-length", "form-items"])
+def test_a_body_at_a_canonicalisation_bound_is_canonicalised_and_one_past_it_is_not(make, bound, ct, kind):
+    """At the bound itself, and one past it: `over` a bound means past it, as each bound's note says."""
+    at, past = make(bound), make(bound + 1)
+    assert analyse_body(ct, at, RF).kind == kind
+    got = analyse_body(ct, past, RF)
+    assert got.kind == "bytes" and got.note and "fingerprinted as bytes" in got.note and got.stored == REDACTED.encode()
+
+
+@pytest.mark.parametrize("parts, kind", [(9, "multipart"), (10, "bytes")])
+def test_a_multipart_body_at_the_parts_bound_is_read_and_one_past_it_is_not(monkeypatch, parts, kind):
+    """n parts have n + 1 delimiters (the closing one too); the bound is lowered to 10 to keep the test fast."""
+    monkeypatch.setattr("proxy_addon.fingerprint.MAX_ITEMS", 10)
+    ct, raw = multipart("b0undary", [(b"f", b"1")] * parts)
+    assert raw.count(b"--b0undary") == parts + 1
+    assert analyse_body(ct, raw, RF).kind == kind
+
+
+@pytest.mark.parametrize("size", [MAX_CANONICAL_BODY, MAX_CANONICAL_BODY + 1])
+def test_text_that_only_looks_like_json_is_kept_as_text_up_to_the_bound(size):
+    """Undeclared JSON is sniffed; text that starts like JSON but is not is identified and kept as the text it says
+    it is, unless it is too long to have been looked at: then it may be JSON whose secrets were never found."""
+    body = b"{ not json " + b"x" * (size - 11)
+    got = analyse_body("text/plain", body, RF)
+    assert len(body) == size and got.kind == "bytes"
+    assert got.stored == (body if size <= MAX_CANONICAL_BODY else REDACTED.encode())

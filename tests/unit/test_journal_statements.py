@@ -5,6 +5,7 @@ the store reads."""
 
 import dataclasses
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -86,24 +87,31 @@ class Hot:
 
 def scenario(path: General | Hot, account: str) -> tuple[list[Outcome], dict[str, str]]:
     """Every decision the hot path makes: new, open, key reused, success replayed or allowed, invalidated by a
-    later write to the target; every kind of column a receipt holds. Returns the outcomes, op ids by label."""
+    later write to the target; a second account sending the same body, the same key and a write to the same
+    target, kept apart from the first in each; every kind of column a receipt holds. Returns the outcomes, op ids
+    by label."""
     ops: dict[str, str] = {}
     out: list[Outcome] = []
     same, other = fp(), fp()
 
     def new(label: str, fingerprint: str, **kw: Any) -> Intent:
-        it = intent(fingerprint, account=account, proxy_instance="me", **kw)
+        it = intent(fingerprint, **{"account": account, "proxy_instance": "me", **kw})
         ops[label] = it.operation_id
         return it
 
+    second = {"account": account + ":second"}  # another agent's credentials
     full = {"query": "b=2&a=1", "request_headers": {"content-type": "application/json", "authorization": "[REDACTED]"},
             "request_body": b'{"t": "x"}', "request_body_size": 10, "request_body_truncated": True, "body_note": "note"}
     out.append(path.record(new("a", same, idempotency_key="k-1", **full), REPLAY))
     out.append(path.record(new("a-again", same), REPLAY))
+    out.append(path.record(new("second-same", same, **second), REPLAY))  # a's open receipt is not in its way
     out.append(path.record(new("key-reused", other, idempotency_key="k-1"), REPLAY))
+    out.append(path.record(new("second-key", fp(), idempotency_key="k-1", **second), REPLAY))  # its own key
+    out.append(path.advance(ops["second-same"], S.REJECTED, {"status_code": 422, "error_code": "upstream_status"}))
     out.append(path.advance(ops["a"], S.SUCCEEDED, ANSWER))
     out.append(path.advance(ops["a"], S.REJECTED, {"error_code": "x"}))
     out.append(path.advance("op_missing", S.SUCCEEDED, {}))
+    out.append(path.record(new("second-after-success", same, **second), REPLAY))  # never a's answer
     out.append(path.record(new("a-replayed", same), REPLAY))
     out.append(path.record(new("a-refused", same), AfterSuccess(policy="refuse", window=60)))
     out.append(path.record(new("a2", same), ALLOW))
@@ -112,6 +120,9 @@ def scenario(path: General | Hot, account: str) -> tuple[list[Outcome], dict[str
     target = fp()
     out.append(path.record(new("post", target, path="/t"), REPLAY))
     out.append(path.advance(ops["post"], S.SUCCEEDED, {"status_code": 201}))
+    out.append(path.record(new("second-put", fp(), method="PUT", path="/t", **second), REPLAY))
+    out.append(path.advance(ops["second-put"], S.SUCCEEDED, {"status_code": 200}))
+    out.append(path.record(new("post-after-second", target, path="/t"), REPLAY))  # another account's PUT ends nothing
     out.append(path.record(new("put", fp(), method="PUT", path="/t"), REPLAY))
     out.append(path.advance(ops["put"], S.SUCCEEDED, {"status_code": 200}))
     out.append(path.record(new("post-again", target, path="/t"), REPLAY))  # the PUT ended its replay window
@@ -121,6 +132,12 @@ def scenario(path: General | Hot, account: str) -> tuple[list[Outcome], dict[str
 def labelled(outcomes: list[Outcome], ops: dict[str, str]) -> list[Outcome]:
     label = {op: name for name, op in ops.items()}
     return [tuple(label.get(part, part) for part in o) for o in outcomes]
+
+
+def decisions(outcomes: list[Outcome], ops: dict[str, str]) -> dict[str, Outcome]:
+    """Each record's outcome by its label (the scenario labels each intent it records, in order)."""
+    records = [o for o in labelled(outcomes, ops) if o[0] in ("recorded", "blocked")]
+    return dict(zip(ops, records, strict=True))
 
 
 def stored(store: ReceiptStore, ops: dict[str, str]) -> dict[str, Any]:
@@ -165,6 +182,11 @@ def test_the_hot_path_decides_and_writes_as_the_general_path(both):
     assert ("blocked", "key_mismatch", "a") in labelled(hot_outcomes, hot_ops)  # the scenario covers each decision
     assert {o[1] for o in hot_outcomes if o[0] == "blocked"} == {"open", "succeeded", "key_mismatch"}
     assert labelled(general_outcomes, general_ops)[-1] == ("recorded",)
+    # each path on its own, not only equal to the other: a decision that ignored the account would be the same on both
+    for outcomes, ops in ((hot_outcomes, hot_ops), (general_outcomes, general_ops)):
+        decided = decisions(outcomes, ops)
+        assert decided["second-same"] == decided["second-key"] == decided["second-after-success"] == ("recorded",)
+        assert decided["post-after-second"] == ("blocked", "succeeded", "post")
     assert stored(store, hot_ops) == stored(store, general_ops)
 
 
@@ -227,3 +249,88 @@ def test_a_batch_decides_as_its_requests_would_one_by_one(migrated_url):
     ]
     assert isinstance(closed[7], Failed) and (closed[7].reason, closed[7].actual) == ("stale", "succeeded")
     assert isinstance(opened[5], Failed) and opened[5].reason == "not_found"
+
+
+COMPLETED = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)  # a success's completed_at, whole seconds on both databases
+US = timedelta(microseconds=1)  # both databases keep microseconds
+WINDOW = timedelta(seconds=REPLAY.window)
+AROUND_THE_WINDOW = {  # the clock's time at the repeat -> whether the success still blocks it
+    "end": (COMPLETED, True),  # completed this very microsecond
+    "start-1us": (COMPLETED + WINDOW - US, True),
+    "start": (COMPLETED + WINDOW, True),  # the window's start is in it: completed_at >= now - window
+    "start+1us": (COMPLETED + WINDOW + US, False),
+}
+
+
+@pytest.mark.parametrize("path", ["general", "hot"])
+def test_a_success_blocks_from_the_windows_start_to_its_end(both, monkeypatch, path):
+    """The same repeat at the instants around the window's bounds, with the clock frozen (both paths read it
+    through records.utcnow); each instant with a success of its own."""
+    store, hot = both
+    run = General(store) if path == "general" else hot
+    got, expected = {}, {}
+    for name, (now, blocked) in AROUND_THE_WINDOW.items():
+        monkeypatch.undo()
+        first = intent(proxy_instance="me")
+        assert run.record(first, REPLAY) == ("recorded",)
+        assert run.advance(first.operation_id, S.SUCCEEDED, {"status_code": 201, "completed_at": COMPLETED}) == ("advanced",)
+        assert store.receipts.get(first.operation_id).completed_at == COMPLETED
+        for module in ("proxy_addon.store.receipts", "proxy_addon.journal.hot_path"):
+            monkeypatch.setattr(f"{module}.utcnow", lambda now=now: now)
+        got[name] = run.record(intent(first.intent_fingerprint, proxy_instance="me"), REPLAY)
+        expected[name] = ("blocked", "succeeded", first.operation_id) if blocked else ("recorded",)
+    assert got == expected
+
+
+LATER_WRITES = [  # a later write to the success's target: its method, the state it is in, whether it ends the window
+    ("PUT", S.SUCCEEDED, True), ("PATCH", S.SUCCEEDED, True), ("DELETE", S.SUCCEEDED, True),
+    ("POST", S.SUCCEEDED, False),  # a later create undoes nothing
+    ("PUT", S.SUBMITTED, True), ("PUT", S.OUTCOME_UNKNOWN, True),  # it may have happened
+    ("PUT", S.REJECTED, False), ("PUT", S.SAFE_TO_RETRY, False),  # known not to have happened
+]
+
+
+@pytest.mark.parametrize("path", ["general", "hot"])
+def test_which_later_writes_to_its_target_end_a_successs_window(both, path):
+    """duplicates.py: a later PUT, PATCH or DELETE by the same account ends it, unless known not to have happened."""
+    store, hot = both
+    run = General(store) if path == "general" else hot
+    got, expected = [], []
+    for i, (method, state, ends) in enumerate(LATER_WRITES):
+        target = f"/t/{i}"
+        first = intent(path=target, proxy_instance="me")
+        assert run.record(first, REPLAY) == ("recorded",)
+        assert run.advance(first.operation_id, S.SUCCEEDED, {"status_code": 201}) == ("advanced",)
+        later = intent(method=method, path=target, proxy_instance="me")
+        assert run.record(later, REPLAY) == ("recorded",)
+        steps = {S.SUBMITTED: [], S.SUCCEEDED: [S.SUCCEEDED], S.REJECTED: [S.REJECTED], S.OUTCOME_UNKNOWN: [S.OUTCOME_UNKNOWN],
+                 S.SAFE_TO_RETRY: [S.OUTCOME_UNKNOWN, S.SAFE_TO_RETRY]}[state]
+        for frm, to in zip([S.SUBMITTED, *steps], steps):
+            store.receipts.transition(later.operation_id, frm, to)
+        got.append((method, state.value, run.record(intent(first.intent_fingerprint, path=target, proxy_instance="me"), REPLAY)))
+        expected.append((method, state.value, ("recorded",) if ends else ("blocked", "succeeded", first.operation_id)))
+    # a PUT's own success, after an earlier PUT to its target: neither it nor the earlier one ends its window
+    earlier, put = intent(method="PUT", path="/t/put", proxy_instance="me"), intent(method="PUT", path="/t/put", proxy_instance="me")
+    for it in (earlier, put):
+        assert run.record(it, REPLAY) == ("recorded",)
+        assert run.advance(it.operation_id, S.SUCCEEDED, {"status_code": 200}) == ("advanced",)
+    got.append(run.record(intent(put.intent_fingerprint, method="PUT", path="/t/put", proxy_instance="me"), REPLAY))
+    expected.append(("blocked", "succeeded", put.operation_id))
+    assert got == expected
+
+
+@pytest.mark.parametrize("path", ["general", "hot"])
+def test_of_two_successes_the_latest_is_the_one_replayed(both, monkeypatch, path):
+    """Two successes of one intent in the window (the second let through by `allow`): a repeat gets the latest,
+    whichever was recorded first."""
+    store, hot = both
+    run = General(store) if path == "general" else hot
+    same, ops = fp(), []
+    for completed in (COMPLETED + timedelta(seconds=2), COMPLETED + timedelta(seconds=1)):  # the later one recorded first
+        it = intent(same, proxy_instance="me")
+        assert run.record(it, ALLOW) == ("recorded",)
+        assert run.advance(it.operation_id, S.SUCCEEDED, {"status_code": 201, "completed_at": completed}) == ("advanced",)
+        ops.append(it.operation_id)
+    for module in ("proxy_addon.store.receipts", "proxy_addon.journal.hot_path"):  # both in the window
+        monkeypatch.setattr(f"{module}.utcnow", lambda: COMPLETED + timedelta(seconds=3))
+    assert run.record(intent(same, proxy_instance="me"), REPLAY) == ("blocked", "succeeded", ops[0])

@@ -99,6 +99,22 @@ def test_documents_pairs_and_urls():
     assert url == "https://[REDACTED]@api.example.com/x?access_token=%5BREDACTED%5D&page=2&sig=%5BREDACTED%5D"
 
 
+@pytest.mark.parametrize("depth", [redaction.MAX_DEPTH - 1, redaction.MAX_DEPTH, redaction.MAX_DEPTH + 1])
+def test_a_document_is_looked_at_down_to_max_depth_and_redacted_whole_below(depth):
+    """A member at MAX_DEPTH levels of nesting is still read (kept, or redacted by its name); one level deeper,
+    whatever is there is replaced whole, and counts as a secret."""
+    def nested(inner: object) -> object:
+        for _ in range(depth):
+            inner = [inner]
+        return inner
+
+    looked_at = depth <= redaction.MAX_DEPTH
+    plain, secret = nested({"title": "t"}), nested({"title": "t", "password": "p"})
+    assert redaction.redact_document(plain) == (plain if looked_at else nested(REDACTED))
+    assert redaction.redact_document(secret) == nested({"title": "t", "password": REDACTED} if looked_at else REDACTED)
+    assert redaction.contains_secret_field(plain) is not looked_at and redaction.contains_secret_field(secret)
+
+
 @pytest.mark.parametrize("text, gone, kept", [
     ("Bad HTTP request line: b'GET http://user:hunter2@127.0.0.1:1/x?access_token=tok123&page=2 HTTP/1.1'",
      ["hunter2", "tok123"], ["Bad HTTP request line", "page=2", "127.0.0.1:1/x"]),

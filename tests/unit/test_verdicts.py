@@ -18,8 +18,8 @@ def answered(status: int, body: bytes = b"", headers: list[tuple[bytes, bytes]] 
 
 
 @pytest.mark.parametrize("status, state", [
-    (200, State.SUCCEEDED), (201, State.SUCCEEDED), (204, State.SUCCEEDED), (303, State.SUCCEEDED),
-    (301, State.REJECTED), (302, State.REJECTED), (304, State.REJECTED), (307, State.REJECTED), (308, State.REJECTED),
+    (200, State.SUCCEEDED), (201, State.SUCCEEDED), (204, State.SUCCEEDED), (299, State.SUCCEEDED), (303, State.SUCCEEDED),
+    (300, State.REJECTED), (301, State.REJECTED), (302, State.REJECTED), (304, State.REJECTED), (307, State.REJECTED), (308, State.REJECTED),
     (401, State.REJECTED), (413, State.REJECTED), (422, State.REJECTED), (501, State.REJECTED),
     (500, State.OUTCOME_UNKNOWN), (503, State.OUTCOME_UNKNOWN),
 ])
@@ -64,3 +64,16 @@ def test_an_answer_with_a_secret_field_is_kept_redacted(encoding):
 def test_an_answer_longer_than_the_cap_is_kept_truncated():
     kept = storable_response(answered(201, b"x" * 100), POLICY, 64)
     assert (len(kept["response_body"]), kept["response_body_truncated"], kept["response_body_redacted"]) == (64, True, False)
+
+
+CAP = 64
+
+
+@pytest.mark.parametrize("size", [CAP - 1, CAP, CAP + 1])
+def test_the_stored_answer_is_whole_up_to_the_cap_and_marked_cut_past_it(size):
+    """At the bound itself: an answer one byte over the cap kept as if whole would be replayed one byte short."""
+    body = bytes(range(size))
+    kept = storable_response(answered(201, body), POLICY, CAP)
+    assert kept["response_body"] == body[:CAP]
+    assert kept["response_body_truncated"] is (size > CAP)
+    assert len(kept["response_body"]) == min(size, CAP)
