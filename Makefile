@@ -32,7 +32,7 @@ test: $(STAMP)
 	scripts/ensure-azurite
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) receipts.db receipts.db-wal receipts.db-shm
