@@ -24,7 +24,7 @@ from moto.backends import get_backend
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.server import ThreadedMotoServer
 from support.e2e import migrate, pg_database, stop_process, tag, wait_for
-from support.faulty_front import DELAY, ERROR_500, KINDS, RESET, FaultyFront
+from support.faulty_front import DELAY, ERROR_500, KINDS, RESET, FaultyFront, fronts_before
 from support.proxy import start_inprocess_proxy, start_proxy_process
 from support.sdk_results import Outcome, cases, record
 from support.server import free_port
@@ -52,12 +52,8 @@ def moto_server():
 
 @pytest.fixture(scope="module")
 def fronts(moto_server):
-    started = {"refuse": FaultyFront(moto_server[1]).start(), "wait": FaultyFront(moto_server[1]).start()}
-    try:
+    with fronts_before({"refuse": moto_server[1], "wait": moto_server[1]}) as started:
         yield started
-    finally:
-        for front in started.values():
-            front.stop()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from github import Auth, Github, GithubRetry
 from slack_sdk import WebClient
 from slack_sdk.http_retry.builtin_handlers import ConnectionErrorRetryHandler
 from support.e2e import migrate, pg_database, stop_process, wait_for
-from support.faulty_front import DELAY, ERROR_500, KINDS, RESET, FaultyFront
+from support.faulty_front import DELAY, ERROR_500, KINDS, RESET, fronts_before
 from support.proxy import REPO, start_inprocess_proxy
 from support.sdk_results import Outcome, cases, record
 from support.sdk_upstreams import SdkUpstream
@@ -70,17 +70,9 @@ def upstream():
 
 @pytest.fixture(scope="module")
 def fronts(azurite, upstream):
-    started = {
-        ("azure", "refuse"): FaultyFront(azurite).start(),
-        ("azure", "wait"): FaultyFront(azurite).start(),
-        ("api", "refuse"): FaultyFront(upstream.port).start(),
-        ("api", "wait"): FaultyFront(upstream.port).start(),
-    }
-    try:
+    ports = {("azure", mode): azurite for mode in ("refuse", "wait")} | {("api", mode): upstream.port for mode in ("refuse", "wait")}
+    with fronts_before(ports) as started:
         yield started
-    finally:
-        for front in started.values():
-            front.stop()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import h11
@@ -246,3 +247,14 @@ class FaultyFront:
             return response.status, response.reason.encode("latin-1"), kept, answer
         finally:
             server.close()
+
+
+@contextmanager
+def fronts_before(ports: dict) -> Iterator[dict]:
+    """A started front per name, before the server on its port; all stopped on leaving."""
+    started = {name: FaultyFront(port).start() for name, port in ports.items()}
+    try:
+        yield started
+    finally:
+        for front in started.values():
+            front.stop()
