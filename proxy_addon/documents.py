@@ -15,7 +15,7 @@ from proxy_addon.journaled import request_view, response_view
 from proxy_addon.records import ReceiptRecord, TransitionRecord
 from proxy_addon.states import OPEN_STATES, State
 
-_TIME = "UTC, RFC 3339; see README, Which time is which"
+_TIME = "UTC, RFC 3339; see docs/architecture.md, Which time is which"
 
 
 class ReceiptView(BaseModel):

@@ -46,8 +46,8 @@ from proxy_addon.waiters import VerdictWaiters
 
 log = get_logger("receipts.proxy")
 # Bodies up to this size are fingerprinted on the event loop: a hand-off to a journal thread costs more than
-# their canonical form does. Larger ones, whose worst case is far costlier (README, "Hostile inputs"), never
-# run there.
+# their canonical form does. Larger ones, whose worst case is far costlier (docs/performance.md, "Hostile
+# inputs"), never run there.
 INLINE_INTENT_BODY = 16 * 1024
 # A receipt the lost writer may have committed is closed before the 503 (so that the retry it invites is
 # journaled, not refused), waiting for that until proxy.journal_timeout has passed (but this long at least);

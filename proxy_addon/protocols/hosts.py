@@ -1,7 +1,7 @@
 """Hosts: the well-known model APIs that pass through by default, and host keys with wildcards.
 
 Model APIs (an agent's own LLM calls) are not business writes: they pass through, streamed, unless
-`proxy.pass_model_apis: false` or the host's own entry says `journal: true`. The list is the README's.
+`proxy.pass_model_apis: false` or the host's own entry says `journal: true`. docs/journaled.md lists the same hosts.
 
 Host keys in config.yaml: `host:port` wins over `host`, which wins over `*.suffix` (the longest suffix wins);
 `*.example.com` matches `a.example.com` and `a.b.example.com`, not `example.com`. Pure; no mitmproxy.

@@ -96,7 +96,8 @@ class Lookup:
 
 
 class Search:
-    """Read a list, page by page, and compare candidates with the journaled request (README, Configuration)."""
+    """Read a list, page by page, and compare candidates with the journaled request (docs/configuration.md,
+    "How the reconcile worker decides")."""
 
     def __init__(self, reader: Reader):
         self.reader = reader

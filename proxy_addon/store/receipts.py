@@ -134,7 +134,7 @@ class Receipts:
 
     def record_and_submit(self, intent: Intent, after_success: AfterSuccess | None, who: str) -> None:
         """Decide and commit the receipt as `submitted`, its creation row and its `planned -> submitted` row
-        together: one durable commit before the request may go upstream (README, "One commit before the send").
+        together: one durable commit before the request may go upstream (docs/architecture.md, "States").
 
         Raises DuplicateIntentError or JournalUnavailableError; either way nothing was recorded.
         """

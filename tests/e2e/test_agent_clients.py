@@ -1,7 +1,7 @@
-"""README, "Point an agent at it", run as written: the exports `receipts env` prints, evaluated by a real shell,
-point real clients at a real proxy, and every write they make is journaled.
+"""README, "Point an agent at it", and docs/agents.md, run as written: the exports `receipts env` prints, evaluated
+by a real shell, point real clients at a real proxy, and every write they make is journaled.
 
-Each snippet of that section marked `<!-- tested: NAME -->` is taken from README.md as it is and run against a
+Each snippet of those pages marked `<!-- tested: NAME -->` is taken from them as it is and run against a
 local upstream (its `https://api.example.com` replaced), over HTTPS through mitmproxy's CA and over plain
 HTTP: curl (a subprocess), Python's requests, httpx and aiohttp (subprocesses of this interpreter), and Node.js
 with undici's EnvHttpProxyAgent (`npm install undici@7` into a temporary directory). The README's one-line check
@@ -28,17 +28,19 @@ from support.upstream import start_upstream
 
 from tests.conftest import IN_CI
 
-README = REPO / "README.md"
+PAGES = (REPO / "README.md", REPO / "docs" / "agents.md")  # the short version and the whole one
 PLACEHOLDER = "https://api.example.com/articles"
 OP_ID = re.compile(r"op_[0-9a-f]{32}")
 PYTHON_CLIENTS = ("requests", "httpx", "aiohttp")
 
 
 def snippet(name: str) -> str:
-    """The code block of README.md marked `<!-- tested: NAME -->`."""
-    found = re.search(rf"<!-- tested: {re.escape(name)} -->\s*```[a-z]*\n(.*?)```", README.read_text(), re.S)
-    assert found, f"README.md has no block marked <!-- tested: {name} -->"
-    return found.group(1)
+    """The code block marked `<!-- tested: NAME -->`; a block shown on both pages must read the same on both."""
+    marked = rf"<!-- tested: {re.escape(name)} -->\s*```[a-z]*\n(.*?)```"
+    found = [block for page in PAGES for block in re.findall(marked, page.read_text(), re.S)]
+    assert found, f"no block marked <!-- tested: {name} --> in {', '.join(page.name for page in PAGES)}"
+    assert len(set(found)) == 1, f"the blocks marked <!-- tested: {name} --> differ between the pages"
+    return found[0]
 
 
 def need(problem: str) -> None:

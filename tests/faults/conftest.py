@@ -1,4 +1,4 @@
-"""The fault suite: real proxies, workers and databases, killed and starved on purpose (see README, Scale-out).
+"""The fault suite: real proxies, workers and databases, killed and starved on purpose (docs/testing.md).
 
 Each scenario checks invariants.py and adds its counts to invariants.SUMMARY; the table is printed at the
 end of the pytest run. Other fault tests may add rows too: `from faults.invariants import SUMMARY, ScenarioRow`.

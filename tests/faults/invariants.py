@@ -91,7 +91,7 @@ class Journal:
         """The id of the history row that ended the receipt (the first into a terminal state), None while open.
 
         Why history ids and not `created_at`/`completed_at`: those are the writer's clock read before its
-        transaction began (README, "Which time is which"), so a receipt created just after another one
+        transaction began (docs/architecture.md, "Which time is which"), so a receipt created just after another one
         closed can carry the earlier timestamp (issue 16: 0.4 ms apart, both transactions correct).
         The ids are drawn inside the writing transactions, and they grow in the order they are drawn (a
         PostgreSQL sequence; SQLite's rowid, under its one write lock). A correct proxy creates B only after

@@ -1,5 +1,5 @@
 """Two proxy replicas and a reconcile worker on one PostgreSQL, as docker-compose.yml runs them, started by
-scripts/topology.py (its `Topology`, the very code the README describes) on loopback ports.
+scripts/topology.py (its `Topology`, the very code docs/operations.md describes) on loopback ports.
 
 Bursts of one intent are sent to both replicas at the same moment (five agents on each, behind a barrier):
 the upstream sees each intent exactly once; every other agent, on either replica, is refused

@@ -150,7 +150,7 @@ def test_receipts_admin_on_a_busy_port_is_one_line_and_exit_1(sqlite_url, tmp_pa
 
 
 def test_the_proxy_goes_on_when_its_admin_port_is_busy(store, tmp_path, monkeypatch):
-    """The README: a port that cannot be had is logged and the proxy goes on (werkzeug alone would exit)."""
+    """docs/operations.md: a port that cannot be had is logged and the proxy goes on (werkzeug alone would exit)."""
     logged: list[dict] = []
 
     class Recorder:  # the module's own logger: structlog may have cached loggers that capture_logs cannot see

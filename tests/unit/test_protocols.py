@@ -1,5 +1,5 @@
 """The protocol seam, pure: what passes through from the head alone (routing.route), host keys and model APIs,
-the config keys of "What is journaled", and what each protocol module reads off a body: GraphQL (graphql-core),
+the config keys of docs/journaled.md, and what each protocol module reads off a body: GraphQL (graphql-core),
 JSON-RPC and MCP (identity, operation names, verdicts, answers in their own shape), server-sent events, and a
 reconcile read's body template."""
 
@@ -120,9 +120,9 @@ def test_config_errors_are_one_line_naming_the_key(text, key, message):
     assert "\n" not in str(err.value) and str(err.value).startswith(f"config.yaml: {key}") and message in str(err.value)
 
 
-def test_the_readmes_example_of_what_is_journaled_is_a_valid_config():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## What is journaled", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_example_of_what_is_journaled_is_a_valid_config():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "journaled.md").read_text()
+    section = page.split("## The keys that decide it", 1)[1].split("\n## ", 1)[0]
     [example] = re.findall(r"```yaml\n(.*?)```", section, re.S)
     config = parse_config(example)
     assert routing.route(config, "POST", "db.internal.example.com", 443, "/q").passes == "host"

@@ -135,5 +135,6 @@ def test_downgrade_drops_the_views_and_the_table(migrated_url):
         engine.dispose()
 
 
-def test_the_queries_file_is_what_the_readme_points_to():
-    assert re.search(r"docs/queries\.sql", (QUERIES.parents[1] / "README.md").read_text())
+def test_the_queries_file_is_what_the_docs_point_to():
+    for page in ("README.md", "docs/operations.md"):
+        assert re.search(r"docs/queries\.sql", (QUERIES.parents[1] / page).read_text()), page
