@@ -21,6 +21,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -93,13 +94,22 @@ def analyse_body(
         # JSON undeclared or declared as something else (text/plain; a form, as `curl -d` labels it) is
         # still JSON: canonicalise and redact it rather than store its secrets raw
         sniffed = _json_identity(body, redact_fields, rule, keyed)
-        if sniffed.kind == "json" or len(body) > MAX_CANONICAL_BODY:
-            return sniffed
+        if sniffed.kind == "json" or len(body) > MAX_CANONICAL_BODY or _names_a_secret(body, redact_fields):
+            return sniffed  # JSON, or what may be JSON with secrets in it that could not be found: kept redacted
     if mime == "application/x-www-form-urlencoded":
         return _form_identity(body, redact_fields, keyed, signing)
     if mime.startswith("multipart/form-data"):
         return _multipart_identity(content_type or "", body, redact_fields, keyed)
     return _bytes_identity(body)
+
+
+_QUOTED_NAME = re.compile(rb'"([^"\\\r\n]{1,128})"\s*:')
+
+
+def _names_a_secret(body: bytes, redact_fields: frozenset[str]) -> bool:
+    """Whether text that looks like JSON, and does not parse, has a member named like a secret (`"password":`):
+    a truncated or malformed JSON body, whose secret's value must not be stored or digested unkeyed."""
+    return any(redaction.is_secret_field(m.decode("utf-8", "replace"), redact_fields) for m in _QUOTED_NAME.findall(body))
 
 
 def _bytes_identity(body: bytes, note: str | None = None) -> BodyIdentity:

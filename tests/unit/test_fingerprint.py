@@ -442,3 +442,17 @@ def test_text_that_only_looks_like_json_is_kept_as_text_up_to_the_bound(size):
     got = analyse_body("text/plain", body, RF)
     assert len(body) == size and got.kind == "bytes"
     assert got.stored == (body if size <= MAX_CANONICAL_BODY else REDACTED.encode())
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", None, "application/octet-stream"])
+def test_text_that_looks_like_json_with_a_secret_member_is_kept_redacted(content_type):
+    """A truncated or malformed JSON body does not parse, so its secret fields cannot be found one by one: when it
+    names one, all of it is redacted and its identity is keyed, as for declared JSON that does not parse."""
+    body = b'{"user": "ann", "password": "hunter2-s3cret",'
+    got = analyse_body(content_type, body, RF)
+    assert got.stored == REDACTED.encode() and b"hunter2" not in got.stored
+    assert "hunter2" not in json.dumps(got.identity) and got.identity["keyed"].startswith("hmac:")
+    other = analyse_body(content_type, body.replace(b"hunter2", b"letmein"), RF)
+    assert other.identity != got.identity  # another password: another intent
+    plain = analyse_body(content_type, b'{"user": "ann", "note": "unfinished",', RF)
+    assert plain.stored == b'{"user": "ann", "note": "unfinished",'  # nothing secret named: kept as the text it is
