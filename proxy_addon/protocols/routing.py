@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy_addon.config import HostPolicy, ReceiptsConfig
 from proxy_addon.operations import OperationRule
-from proxy_addon.protocols import graphql, jsonrpc
+from proxy_addon.protocols import aws, graphql, jsonrpc
 from proxy_addon.protocols.base import Call, Route
 from proxy_addon.protocols.rest import REST
 
@@ -35,7 +35,7 @@ class ProtocolModule(Protocol):
     def read_headers(self, body: Any) -> dict[str, str] | None: ...
 
 
-PROTOCOLS: tuple[ProtocolModule, ...] = (graphql, jsonrpc)  # the modules, asked in this order
+PROTOCOLS: tuple[ProtocolModule, ...] = (graphql, jsonrpc, aws)  # the modules, asked in this order
 # operation-name prefixes -> the call's name, for rules matched again later (the reconciler)
 _PREFIXES = (jsonrpc.MCP_OPERATION_PREFIX, graphql.OPERATION_PREFIX, jsonrpc.OPERATION_PREFIX)
 
