@@ -25,7 +25,7 @@ from moto.core import DEFAULT_ACCOUNT_ID
 from moto.server import ThreadedMotoServer
 from support.e2e import migrate, pg_database, stop_process, tag, wait_for
 from support.faulty_front import DELAY, ERROR_500, KINDS, RESET, FaultyFront, fronts_before
-from support.proxy import start_inprocess_proxy, start_proxy_process
+from support.proxy import start_proxy_process, warmed_inprocess_proxy
 from support.sdk_results import Outcome, cases, record
 from support.server import free_port
 
@@ -78,14 +78,8 @@ def config(fronts, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def proxy(config, database, moto_server, tmp_path_factory):
-    running = start_inprocess_proxy(config, database, tmp_path_factory.mktemp("confdir"))
-    try:
-        # a first journaled write, so that no test's first attempt pays for the proxy's warm-up
-        warm = requests.post(f"{moto_server[0]}/warm-up", proxies={"http": running.url}, timeout=30)
-        assert "X-Receipt-Id" in warm.headers
+    with warmed_inprocess_proxy(config, database, tmp_path_factory.mktemp("confdir"), f"{moto_server[0]}/warm-up") as running:
         yield running
-    finally:
-        running.stop()
 
 
 def client(

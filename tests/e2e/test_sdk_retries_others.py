@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
-import requests
 import stripe
 from azure.storage.queue import LinearRetry, QueueClient
 from github import Auth, Github, GithubRetry
@@ -23,7 +22,7 @@ from slack_sdk import WebClient
 from slack_sdk.http_retry.builtin_handlers import ConnectionErrorRetryHandler
 from support.e2e import migrate, pg_database, stop_process, wait_for
 from support.faulty_front import DELAY, ERROR_500, KINDS, RESET, fronts_before
-from support.proxy import REPO, start_inprocess_proxy
+from support.proxy import REPO, warmed_inprocess_proxy
 from support.sdk_results import Outcome, cases, record
 from support.sdk_upstreams import SdkUpstream
 from support.server import accepts, free_port
@@ -85,14 +84,8 @@ def proxy(fronts, pg_server, tmp_path_factory):
     config.write_text(f"secret_file: {tmp / 'secret'}\ndefaults: {{upstream_timeout: 5s}}\nhosts:\n{waiting}")
     with pg_database(pg_server) as url:
         migrate(url)
-        running = start_inprocess_proxy(config, url, tmp / "confdir")
-        try:
-            # a first journaled write, so that no test's first attempt pays for the proxy's warm-up
-            warm = requests.post(f"{fronts[('api', 'refuse')].base}/warm-up", proxies={"http": running.url}, timeout=30)
-            assert "X-Receipt-Id" in warm.headers
+        with warmed_inprocess_proxy(config, url, tmp / "confdir", f"{fronts[('api', 'refuse')].base}/warm-up") as running:
             yield running
-        finally:
-            running.stop()
 
 
 # The SDKs: set up, one call through (or around) the proxy, its effects counted on the server.

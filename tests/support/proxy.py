@@ -7,9 +7,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
@@ -123,3 +126,15 @@ def process_gone(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+@contextmanager
+def warmed_inprocess_proxy(config_path: Path, database_url: str, confdir: Path, first_write_url: str) -> Iterator[RunningProxy]:
+    """An in-process proxy that has journaled one write already, so that no test's first write pays for its warm-up."""
+    running = start_inprocess_proxy(config_path, database_url, confdir)
+    try:
+        warm = requests.post(first_write_url, proxies={"http": running.url}, timeout=30)
+        assert "X-Receipt-Id" in warm.headers
+        yield running
+    finally:
+        running.stop()
