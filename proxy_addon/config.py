@@ -19,7 +19,7 @@ from proxy_addon.exceptions import ConfigError
 from proxy_addon.operations import MUTATING_METHODS, OperationRule, ProtocolName, method_token
 from proxy_addon.protocols.hosts import check_host_key, find_host_entry, is_model_api
 from proxy_addon.redaction import SECRET_HEADER_NAMES, SecretFields, SecretHeaders
-from proxy_addon.signing import NO_SIGNING, SignerPattern, Signing
+from proxy_addon.signing import NO_SIGNING, Signing
 from proxy_addon.units import Duration, PositiveDuration, Size, StrictModel
 
 # The secret headers named outright; redaction.py adds every name containing auth, token, key, ...
@@ -64,12 +64,12 @@ class SigningSettings(StrictModel):
 
 def merge_signing(*layers: SigningSettings | None) -> Signing:
     """defaults, then the host: signers by header (the host's win), per_attempt names added together."""
-    signers: dict[str, SignerPattern] = {}
+    signers: dict[str, re.Pattern[str]] = {}
     per_attempt: set[str] = set()
     for layer in layers:
         if layer is None:
             continue
-        signers.update({h.lower(): SignerPattern(h.lower(), re.compile(p)) for h, p in layer.signers.items()})
+        signers.update({h.lower(): re.compile(p) for h, p in layer.signers.items()})
         per_attempt.update(n.lower() for n in layer.per_attempt)
     return Signing(signers, frozenset(per_attempt))
 

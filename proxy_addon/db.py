@@ -33,6 +33,11 @@ PG_IDLE_IN_TRANSACTION_TIMEOUT_MS = 5_000
 DATABASE_WAIT_SHARE = 2 / 3
 
 
+def milliseconds(seconds: float) -> int:
+    """A wait in whole milliseconds, as the databases take it: rounded down (never past its end), 1 at least."""
+    return max(1, int(seconds * 1000))
+
+
 def database_wait(journal_timeout: float) -> float:
     """The longest the proxy's statements wait on a lock (and, in its journal writer, run) for this timeout."""
     return journal_timeout * DATABASE_WAIT_SHARE
@@ -104,8 +109,8 @@ def _postgres_engine(url: URL, lock_wait: float | None = None, statement_wait: f
     engine = create_engine(url, connect_args=connect_args, **kwargs)
     wanted = {
         "idle_in_transaction_session_timeout": PG_IDLE_IN_TRANSACTION_TIMEOUT_MS,
-        "lock_timeout": None if lock_wait is None else max(1, round(lock_wait * 1000)),
-        "statement_timeout": None if statement_wait is None else max(1, round(statement_wait * 1000)),
+        "lock_timeout": None if lock_wait is None else milliseconds(lock_wait),
+        "statement_timeout": None if statement_wait is None else milliseconds(statement_wait),
     }
     options = str(url.query.get("options", ""))
     settings = {name: ms for name, ms in wanted.items() if ms is not None and name not in options}  # the URL's own value wins
@@ -117,14 +122,14 @@ def _postgres_engine(url: URL, lock_wait: float | None = None, statement_wait: f
         # a SET on each new connection, not a startup `options` parameter: PgBouncer refuses unknown ones
         with dbapi_conn.cursor() as cur:
             for name, ms in settings.items():
-                cur.execute(f"SET {name} = {int(ms)}")
+                cur.execute(f"SET {name} = {ms}")
         dbapi_conn.commit()
 
     return engine
 
 
 def _sqlite_engine(url: URL, lock_wait: float | None = None, statement_wait: float | None = None, **kwargs: Any) -> Engine:
-    busy_ms = SQLITE_BUSY_TIMEOUT_MS if lock_wait is None else max(1, round(lock_wait * 1000))
+    busy_ms = SQLITE_BUSY_TIMEOUT_MS if lock_wait is None else milliseconds(lock_wait)
     connect_args = kwargs.pop("connect_args", {})
     connect_args.setdefault("check_same_thread", False)
     connect_args.setdefault("timeout", busy_ms / 1000)

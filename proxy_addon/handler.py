@@ -41,7 +41,7 @@ from proxy_addon.records import Intent, Verdict, new_operation_id
 from proxy_addon.sender import SendResult, Timeouts, UpstreamSender
 from proxy_addon.states import State
 from proxy_addon.store import ReceiptStore
-from proxy_addon.verdicts import classify_outcome, storable_response
+from proxy_addon.verdicts import classify_outcome, not_sent, storable_response
 from proxy_addon.waiters import VerdictWaiters
 
 log = get_logger("receipts.proxy")
@@ -182,10 +182,9 @@ class JournalHandler:
     async def _agent_left(self, operation_id: str) -> Outcome:
         """The agent disconnected while its receipt was being written: nobody waits for what the upstream would
         answer, so the request is not sent, and its receipt is closed as not sent."""
-        reason = "the agent disconnected before its receipt was written, so the request was not sent"
-        detail = {"who": self.instance_id, "error": "not_sent"}
+        closed = not_sent(self.instance_id, "the agent disconnected before its receipt was written, so the request was not sent")
         try:
-            await self._advance(operation_id, State.REJECTED, detail, {"error_code": "not_sent", "error_message": reason})
+            await self._advance(operation_id, closed.state, closed.detail, closed.updates)
         except ReceiptsError as e:
             log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
         log.info("request_not_sent_agent_left", operation_id=operation_id)
@@ -196,15 +195,9 @@ class JournalHandler:
         """The writer died before it answered: the receipt may have been committed, and the request will not be
         sent. Close it as not sent, or the retry that the 503 invites would be refused as a duplicate of it
         until the orphan sweep settles it (as `outcome_unknown`, since it cannot know it was never sent)."""
+        closed = not_sent(self.instance_id, "the journal writer stopped before it answered, so the request was not sent")
         try:
-            self.store.receipts.transition(
-                operation_id,
-                State.SUBMITTED,
-                State.REJECTED,
-                {"who": self.instance_id, "error": "not_sent"},
-                error_code="not_sent",
-                error_message="the journal writer stopped before it answered, so the request was not sent",
-            )
+            self.store.receipts.transition(operation_id, State.SUBMITTED, closed.state, closed.detail, **closed.updates)
         except ReceiptNotFoundError:
             return  # it was never committed
         except StaleStateError as e:

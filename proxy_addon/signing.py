@@ -117,18 +117,11 @@ _FAMILY = {"aws4": "aws", "aws": "aws", "goog4": "goog", "goog1": "goog", "share
 
 
 @dataclass(frozen=True)
-class SignerPattern:
-    """An in-house scheme's header: the `signer` group of `pattern` is the key id that counts for the account."""
-
-    header: str
-    pattern: re.Pattern[str]
-
-
-@dataclass(frozen=True)
 class Signing:
     """The in-house schemes configured for a host (`signing` in config.yaml), beside the recognised ones."""
 
-    signers: Mapping[str, SignerPattern] = field(default_factory=dict)  # by lower-cased header name
+    # by lower-cased header name: the `signer` group of its pattern is the key id that counts for the account
+    signers: Mapping[str, re.Pattern[str]] = field(default_factory=dict)
     per_attempt: frozenset[str] = frozenset()  # lower-cased header, query or form field names
 
     def header_per_attempt(self, name: str) -> bool:
@@ -144,7 +137,7 @@ def account_part(name: str, value: str, signing: Signing = NO_SIGNING) -> tuple[
     n = name.lower()
     configured = signing.signers.get(n)
     if configured is not None:
-        m = configured.pattern.search(value)
+        m = configured.search(value)
         return (SIGNER, f"{n}:{m.group('signer')}") if m else (n, value)
     if signing.header_per_attempt(n) and not (n == "signature" and _KEYID.search(value)):
         return None

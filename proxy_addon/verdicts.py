@@ -41,6 +41,12 @@ def classify_outcome(result: SendResult, policy: HostPolicy, rule: OperationRule
     return _verdict(State.REJECTED, status_code=status, error_code="upstream_status")
 
 
+def not_sent(who: str, why: str) -> Verdict:
+    """A submitted receipt whose request was not sent after all (its journal writer was lost, its caller gave up,
+    its agent left): rejected, `not_sent`, so that the retry it invites is journaled rather than refused."""
+    return Verdict(State.REJECTED, {"error_code": "not_sent", "error_message": why}, {"who": who, "error": "not_sent"})
+
+
 def _verdict(
     state: State,
     status_code: int | None = None,

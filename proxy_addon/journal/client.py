@@ -61,6 +61,7 @@ from proxy_addon.journal.messages import (
 from proxy_addon.log import get_logger
 from proxy_addon.records import Intent
 from proxy_addon.states import State, is_allowed
+from proxy_addon.verdicts import not_sent
 
 log = get_logger("receipts.proxy")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -256,16 +257,11 @@ class JournalClient:
         if not (isinstance(request, Record) and isinstance(reply, Done)):
             return
         operation_id = request.intent.operation_id
+        closed = not_sent(request.who, "the journal answered after proxy.journal_timeout, so the request was not sent")
 
         async def close() -> None:
             try:
-                await self.advance(
-                    operation_id,
-                    State.SUBMITTED,
-                    State.REJECTED,
-                    {"who": request.who, "error": "not_sent"},
-                    {"error_code": "not_sent", "error_message": "the journal answered after proxy.journal_timeout, so the request was not sent"},
-                )
+                await self.advance(operation_id, State.SUBMITTED, closed.state, closed.detail, closed.updates)
             except StaleStateError:
                 return  # closed already (handler.py)
             except ReceiptsError as e:

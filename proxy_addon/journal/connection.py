@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import event
 
-from proxy_addon.db import make_engine, parse_database_url
+from proxy_addon.db import make_engine, milliseconds, parse_database_url
 from proxy_addon.journal.statements import DriverStatements
 
 
@@ -35,7 +35,7 @@ class DriverConnection:
         self.statements = DriverStatements(self.engine.dialect)
         self.usable = True
         self._pooled: Any = None  # SQLAlchemy's PoolProxiedConnection around the driver's connection
-        self._wait_ms = None if wait is None else max(1, round(wait * 1000))  # what a new connection is set to
+        self._wait_ms = None if wait is None else milliseconds(wait)  # what a new connection is set to
         self._bound_ms = self._wait_ms  # what the open connection is set to
 
     @contextmanager
@@ -76,7 +76,7 @@ class DriverConnection:
         if that is sooner. Set only when it changes: a SET costs a round trip when it is alone. On PostgreSQL
         the SET is part of the transaction: if that fails, the connection is discarded, and the next one is set
         up afresh."""
-        ms = max(1, int(seconds * 1000)) if math.isfinite(seconds) else self._wait_ms  # no deadline: its own bound
+        ms = milliseconds(seconds) if math.isfinite(seconds) else self._wait_ms  # no deadline: its own bound
         if ms is not None and self._wait_ms is not None:
             ms = min(ms, self._wait_ms)
         if ms is None or ms == self._bound_ms:

@@ -68,15 +68,15 @@ class JournalWriter:
             live = [(request_id, request) for request_id, request in batch if request.deadline > now]
             log.warning("journal_writes_expired", requests=len(late))
             return late + (self.run(live) if live else [])
-        within = min(request.deadline for _, request in batch) - now  # no wait of the batch lasts past it
+        deadline = min(request.deadline for _, request in batch)  # no wait of the batch lasts past it
         try:
-            with self.connection.transaction(alone=len(batch) == 1, within=within) as conn:
+            with self.connection.transaction(alone=len(batch) == 1, within=deadline - now) as conn:
                 self._exit_if_orphaned()
                 hot = HotPath(conn, self.connection.statements)
                 sent = hot.pipelined([request for _, request in batch])
                 replies = [(request_id, _apply(hot, request, first)) for (request_id, request), first in zip(batch, sent, strict=True)]
                 self._exit_if_orphaned()
-                if conn.autocommit is not True and time.monotonic() >= min(request.deadline for _, request in batch):
+                if conn.autocommit is not True and time.monotonic() >= deadline:
                     raise ExpiredError(TOO_LATE)  # not committed: each runs alone again, and the late one is refused
                 return replies
         except Exception as e:  # noqa: BLE001 - nothing of the batch committed: say why, to each or one by one
