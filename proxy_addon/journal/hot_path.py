@@ -13,8 +13,8 @@ from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError
 from proxy_addon.journal import statements as sql
 from proxy_addon.journal.messages import Advance, Record
 from proxy_addon.journal.statements import DriverStatements
-from proxy_addon.records import INTENT_FIELDS, Blocker, BlockKind, ReceiptRecord, utcnow
-from proxy_addon.states import TERMINAL_STATES, State
+from proxy_addon.rules.records import INTENT_FIELDS, Blocker, BlockKind, ReceiptRecord, utcnow
+from proxy_addon.rules.states import TERMINAL_STATES, State
 
 RECORD_ATTEMPTS = 3  # decisions lost to a concurrent writer's insert (another proxy) before giving up
 

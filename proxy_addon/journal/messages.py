@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy_addon.config import AfterSuccess
-from proxy_addon.records import Blocker, Intent
+from proxy_addon.rules.records import Blocker, Intent
 
 _LENGTH = struct.Struct(">I")
 HEADER_SIZE = _LENGTH.size

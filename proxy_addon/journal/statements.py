@@ -18,10 +18,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, Dialect, Table
 from sqlalchemy.dialects import postgresql
 
-from proxy_addon.duplicates import INVALIDATING_METHODS, NOT_HAPPENED_STATES
-from proxy_addon.models import Receipt, ReceiptTransition
-from proxy_addon.records import INTENT_FIELDS, RECEIPT_FIELDS
-from proxy_addon.states import OPEN_STATES, State
+from proxy_addon.rules.duplicates import INVALIDATING_METHODS, NOT_HAPPENED_STATES
+from proxy_addon.rules.records import INTENT_FIELDS, RECEIPT_FIELDS
+from proxy_addon.rules.states import OPEN_STATES, State
+from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 _RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
 _TRANSITIONS: Table = ReceiptTransition.__table__  # type: ignore[assignment]
@@ -43,7 +43,7 @@ _KEY_MISMATCH_WHERE = "r.account = :account AND r.idempotency_key = :key AND r.i
 # the open receipt of the same intent;
 _OPEN_WHERE = f"r.account = :account AND r.intent_fingerprint = :fingerprint AND r.state IN ({_OPEN})"
 # or, when successes block (replay, refuse), the same intent's success since `since` that no later write to its
-# target has invalidated ("later" by the creation rows' history ids: duplicates.py, store/receipts.py).
+# target has invalidated ("later" by the creation rows' history ids: rules/duplicates.py, store/receipts.py).
 _OPEN_OR_SUCCEEDED_WHERE = f"""r.account = :account AND r.intent_fingerprint = :fingerprint
   AND (r.state IN ({_OPEN})
        OR (r.state = '{State.SUCCEEDED.value}' AND r.completed_at >= :since

@@ -15,9 +15,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from proxy_addon.operations import ReconcileRule
-from proxy_addon.records import ReceiptRecord, Verdict
-from proxy_addon.states import State
+from proxy_addon.rules.operations import ReconcileRule
+from proxy_addon.rules.records import ReceiptRecord, Verdict
+from proxy_addon.rules.states import State
 
 
 class Found(StrEnum):

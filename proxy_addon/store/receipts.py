@@ -8,7 +8,7 @@ The write a newcomer looks for, top to bottom in this file:
 1. `record_and_submit` decides and records in one transaction: `_find_blocker` looks for an earlier receipt
    of the same intent in the way (an open one, a recent success, an Idempotency-Key used for another
    request); if there is one, DuplicateIntentError carries it to the caller, which answers from it
-   (duplicates.py). Otherwise the receipt is inserted as `submitted` with its creation row (`planned`) and
+   (rules/duplicates.py). Otherwise the receipt is inserted as `submitted` with its creation row (`planned`) and
    its `planned -> submitted` row, and committed: only then may the request go upstream. The partial unique
    index over open receipts is the last word: of two writers that decide at once, the second insert fails
    there and is refused like any duplicate.
@@ -26,7 +26,6 @@ from sqlalchemy.exc import IntegrityError
 
 from proxy_addon import metrics
 from proxy_addon.config import AfterSuccess
-from proxy_addon.duplicates import INVALIDATING_METHODS, NOT_HAPPENED_STATES
 from proxy_addon.exceptions import (
     DuplicateIntentError,
     IllegalTransitionError,
@@ -34,8 +33,8 @@ from proxy_addon.exceptions import (
     ReceiptNotFoundError,
     StaleStateError,
 )
-from proxy_addon.models import Receipt, ReceiptTransition
-from proxy_addon.records import (
+from proxy_addon.rules.duplicates import INVALIDATING_METHODS, NOT_HAPPENED_STATES
+from proxy_addon.rules.records import (
     INTENT_FIELDS,
     Blocker,
     BlockKind,
@@ -44,8 +43,9 @@ from proxy_addon.records import (
     TransitionRecord,
     utcnow,
 )
-from proxy_addon.states import OPEN_STATES, TERMINAL_STATES, State, is_allowed
+from proxy_addon.rules.states import OPEN_STATES, TERMINAL_STATES, State, is_allowed
 from proxy_addon.store.database import Database
+from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 receipts: Table = Receipt.__table__  # type: ignore[assignment]
 transitions: Table = ReceiptTransition.__table__  # type: ignore[assignment]
@@ -88,7 +88,7 @@ _Q_KEY_MISMATCH = (
     .limit(1)
 )
 _Q_OPEN = select(receipts).where(*_SAME_INTENT, _IS_OPEN).limit(1)
-# A success's replay window ends with a later write to its target (duplicates.py says which). "Later" is by the
+# A success's replay window ends with a later write to its target (rules/duplicates.py says which). "Later" is by the
 # order the receipts were journaled in: their creation rows' history ids, one sequence for every replica,
 # which the replicas' clocks cannot reorder.
 _later, _later_created, _own_created = receipts.alias("later"), transitions.alias("later_created"), transitions.alias("own_created")

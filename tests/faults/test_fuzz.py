@@ -29,13 +29,13 @@ from support.proxy import start_inprocess_proxy
 from support.upstream import start_upstream
 
 from faults.invariants import SUMMARY, ScenarioRow
-from proxy_addon.account import AccountHasher
 from proxy_addon.config import DEFAULT_REDACT_FIELDS, ReceiptsConfig, parse_config
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.facts import RequestFacts
-from proxy_addon.fingerprint import REDACTED, analyse_body, intent_fingerprint
-from proxy_addon.intent import build_intent
-from proxy_addon.states import State
+from proxy_addon.request.facts import RequestFacts
+from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.fingerprint import REDACTED, analyse_body, intent_fingerprint
+from proxy_addon.rules.intent import build_intent
+from proxy_addon.rules.states import State
 from proxy_addon.store.receipts import receipts, transitions
 
 FINGERPRINT = re.compile(r"^sha256:[0-9a-f]{64}$")

@@ -11,13 +11,14 @@ import h11
 import pytest
 from support.store import fp, intent
 
-from proxy_addon import answers, duplicates
 from proxy_addon.config import AfterSuccess, parse_config
-from proxy_addon.operations import OperationRule
-from proxy_addon.records import Blocker, BlockKind, ReceiptRecord, utcnow
-from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer, classify_exception
-from proxy_addon.states import RefusalReason, State
-from proxy_addon.verdicts import classify_outcome, storable_response
+from proxy_addon.request import answers
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamAnswer, classify_exception
+from proxy_addon.rules import duplicates
+from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.records import Blocker, BlockKind, ReceiptRecord, utcnow
+from proxy_addon.rules.states import RefusalReason, State
+from proxy_addon.rules.verdicts import classify_outcome, storable_response
 
 POLICY = parse_config("hosts: {}").policy_for("api.example.com", 443)
 

@@ -5,7 +5,7 @@ import pytest
 
 from proxy_addon.config import BUILTIN_SECRET_HEADERS, load_config, parse_config
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.operations import compile_path_template
+from proxy_addon.rules.operations import compile_path_template
 from proxy_addon.units import parse_duration, parse_size
 
 # The example config of CONTRACT.md, verbatim.

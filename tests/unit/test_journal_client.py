@@ -21,7 +21,7 @@ from proxy_addon.exceptions import (
 from proxy_addon.journal.client import JournalClient, WriterThread
 from proxy_addon.journal.messages import Blocked, Done, Failed, Ready, Record, Setup, frame, split_frames
 from proxy_addon.journal.writer import JournalWriter
-from proxy_addon.states import State
+from proxy_addon.rules.states import State
 
 
 class SilentWriter:

@@ -18,7 +18,7 @@ from proxy_addon.exceptions import DuplicateIntentError, JournalUnavailableError
 from proxy_addon.journal.connection import DriverConnection
 from proxy_addon.journal.hot_path import HotPath
 from proxy_addon.journal.messages import Advance, Record
-from proxy_addon.records import Blocker, Intent, ReceiptRecord
+from proxy_addon.rules.records import Blocker, Intent, ReceiptRecord
 from proxy_addon.store import ReceiptStore
 
 REPLAY = AfterSuccess(policy="replay", window=3600)
@@ -292,7 +292,7 @@ LATER_WRITES = [  # a later write to the success's target: its method, the state
 
 @pytest.mark.parametrize("path", ["general", "hot"])
 def test_which_later_writes_to_its_target_end_a_successs_window(both, path):
-    """duplicates.py: a later PUT, PATCH or DELETE by the same account ends it, unless known not to have happened."""
+    """rules/duplicates.py: a later PUT, PATCH or DELETE by the same account ends it, unless known not to have happened."""
     store, hot = both
     run = General(store) if path == "general" else hot
     got, expected = [], []

@@ -12,9 +12,9 @@ import pytest
 from mitmproxy.test import taddons, tflow, tutils
 from support.e2e import migrate
 
-from proxy_addon.addon import METADATA_KEY, Receipts
-from proxy_addon.protocols.passthrough import PASSES_KEY, Passthrough
-from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer
+from proxy_addon.addons.passthrough import PASSES_KEY, Passthrough
+from proxy_addon.addons.receipts import METADATA_KEY, Receipts
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamAnswer
 from proxy_addon.store import ReceiptStore
 
 
@@ -141,7 +141,7 @@ def test_an_internal_error_is_said_in_the_protocols_shape_too(proxy, monkeypatch
     def broken(*_a: Any, **_kw: Any) -> None:
         raise KeyError("a bug")
 
-    monkeypatch.setattr("proxy_addon.handler.build_intent", broken)
+    monkeypatch.setattr("proxy_addon.request.handler.build_intent", broken)
     hooks, sender = proxy()
     call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "x", "arguments": {}}}
     f = hooks(flow("POST", path="/mcp", body=call))

@@ -13,18 +13,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy_addon import answers
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError, UnreadableRule
-from proxy_addon.facts import RequestFacts
-from proxy_addon.fingerprint import analyse_body, intent_fingerprint
 from proxy_addon.protocols import graphql, jsonrpc, routing, sse
 from proxy_addon.protocols.base import Call
 from proxy_addon.protocols.hosts import find_host_entry, is_model_api
 from proxy_addon.reconcile.rules import fill_body
-from proxy_addon.records import ReceiptRecord, Verdict
-from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer
-from proxy_addon.states import State
+from proxy_addon.request import answers
+from proxy_addon.request.facts import RequestFacts
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamAnswer
+from proxy_addon.rules.fingerprint import analyse_body, intent_fingerprint
+from proxy_addon.rules.records import ReceiptRecord, Verdict
+from proxy_addon.rules.states import State
 
 CONFIG = """
 proxy: {methods: [POST, PUT, PATCH, DELETE, PURGE]}

@@ -35,10 +35,10 @@ from support.world import COMMIT_THEN_HANG, DELETE_THEN_HANG, HANG_WITHOUT_DELET
 
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.operations import ReconcileRule
 from proxy_addon.reconcile.decide import ReadOutcome, decide
-from proxy_addon.records import ReceiptRecord, Verdict
-from proxy_addon.states import State
+from proxy_addon.rules.operations import ReconcileRule
+from proxy_addon.rules.records import ReceiptRecord, Verdict
+from proxy_addon.rules.states import State
 
 
 @pytest.fixture
@@ -564,7 +564,7 @@ def test_unworkable_reconcile_rules_are_refused(operation, message):
 
 
 def test_workable_rules_load_and_default_absence_needs_retry_safe():
-    from proxy_addon.operations import OperationRule
+    from proxy_addon.rules.operations import OperationRule
 
     op = OperationRule(name="x", method="POST", path="/x", reconcile={"strategy": "lookup", "url": "http://h/{external_id}"})
     assert op.reconcile.absent_means == "manual_review"

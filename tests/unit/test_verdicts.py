@@ -1,4 +1,4 @@
-"""verdicts.py on its own: which ending is which verdict, and what of an answer is kept for a replay."""
+"""rules/verdicts.py on its own: which ending is which verdict, and what of an answer is kept for a replay."""
 
 import gzip
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 from proxy_addon.config import parse_config
-from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer
-from proxy_addon.states import State
-from proxy_addon.verdicts import classify_outcome, is_success, storable_response
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamAnswer
+from proxy_addon.rules.states import State
+from proxy_addon.rules.verdicts import classify_outcome, is_success, storable_response
 
 POLICY = parse_config("").policy_for("api.example.com", 443)
 

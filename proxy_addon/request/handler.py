@@ -3,10 +3,10 @@
 1. Journal: build the intent (fingerprint, account, redacted copy; on a journal thread when the body is
    large), then the journal writer (journal/) decides and commits the receipt as `submitted`, with its
    `planned` and `planned -> submitted` rows, in one commit. A duplicate is answered from the receipt in its
-   way (duplicates.py); a journal that cannot be written fails closed (503), or open when configured. A duplicate of an original still in flight, on a host whose `in_flight.policy`
-   is `wait`, first waits for the original's verdict (waiters.py), then is journaled again: it gets what a
+   way (rules/duplicates.py); a journal that cannot be written fails closed (503), or open when configured. A duplicate of an original still in flight, on a host whose `in_flight.policy`
+   is `wait`, first waits for the original's verdict (request/waiters.py), then is journaled again: it gets what a
    repeat after that verdict gets.
-2. Send it upstream once (sender.py) and classify how that ended (verdicts.py).
+2. Send it upstream once (request/sender.py) and classify how that ended (rules/verdicts.py).
 3. Record the verdict (through the writer: compare-and-set from `submitted`), then answer: the upstream's answer, or a problem+json
    of ours, with the receipt's headers.
 """
@@ -16,13 +16,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from proxy_addon import answers, duplicates, metrics
-from proxy_addon.account import AccountHasher
-from proxy_addon.answers import Answer
+from proxy_addon import metrics
 from proxy_addon.config import HostPolicy, ReceiptsConfig
 from proxy_addon.exceptions import (
     DuplicateIntentError,
@@ -32,17 +30,21 @@ from proxy_addon.exceptions import (
     StaleStateError,
     WriterLostError,
 )
-from proxy_addon.facts import RequestFacts
-from proxy_addon.intent import build_intent
 from proxy_addon.journal.client import JournalClient
 from proxy_addon.log import get_logger
-from proxy_addon.operations import OperationRule
-from proxy_addon.records import Intent, Verdict, new_operation_id
-from proxy_addon.sender import SendResult, Timeouts, UpstreamSender
-from proxy_addon.states import State
+from proxy_addon.request import answers
+from proxy_addon.request.answers import Answer
+from proxy_addon.request.facts import RequestFacts
+from proxy_addon.request.sender import SendResult, Timeouts, UpstreamSender
+from proxy_addon.request.waiters import VerdictWaiters
+from proxy_addon.rules import duplicates
+from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.intent import build_intent
+from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.records import Intent, Verdict, new_operation_id
+from proxy_addon.rules.states import State
+from proxy_addon.rules.verdicts import classify_outcome, not_sent, storable_response
 from proxy_addon.store import ReceiptStore
-from proxy_addon.verdicts import classify_outcome, not_sent, storable_response
-from proxy_addon.waiters import VerdictWaiters
 
 log = get_logger("receipts.proxy")
 # Bodies up to this size are fingerprinted on the event loop: a hand-off to a journal thread costs more than
@@ -61,23 +63,6 @@ class Outcome:
 
     answer: Answer | None
     note: dict[str, Any] = field(default_factory=dict)
-
-
-class JournalState(Protocol):
-    """What the journal addon has set up (None until configured), as the addons beside it see it."""
-
-    @property
-    def config(self) -> ReceiptsConfig | None: ...
-    @property
-    def store(self) -> ReceiptStore | None: ...
-    @property
-    def handler(self) -> "JournalHandler | None": ...
-    @property
-    def executor(self) -> Executor | None: ...
-    @property
-    def journal(self) -> JournalClient | None: ...
-    @property
-    def instance_id(self) -> str: ...
 
 
 class JournalHandler:

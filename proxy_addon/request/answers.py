@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy_addon.sender import UpstreamAnswer
+from proxy_addon.request.sender import UpstreamAnswer
 
 PROBLEM_BASE = "urn:agent-receipts:problem:"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -142,7 +142,7 @@ def journal_unavailable(reason: str) -> Answer:
     )
 
 
-# -- requests the proxy refuses before journaling them (admission.py) -----------------------------------------
+# -- requests the proxy refuses before journaling them (addons/admission.py) -----------------------------------------
 
 
 def bad_request(reason: str) -> Answer:

@@ -12,7 +12,7 @@ would be a stale lie. A POST invalidates nothing: a later create does not undo a
 POST B, POST A is most likely a retry of the first. A later write known not to have happened (rejected,
 or proved absent: safe_to_retry) changes nothing either.
 
-A repeat that waited for an in-flight original (`in_flight.policy: wait`, handler.py) is decided here too,
+A repeat that waited for an in-flight original (`in_flight.policy: wait`, request/handler.py) is decided here too,
 once the original has its verdict, as any repeat after that verdict is; only when the original ended with
 its outcome unknown does the waiter get the original's 504 rather than a 409, as it is in effect that call.
 """
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from proxy_addon import answers
-from proxy_addon.answers import Answer
 from proxy_addon.config import AfterSuccess
-from proxy_addon.fingerprint import REDACTED
-from proxy_addon.records import Blocker, BlockKind, ReceiptRecord
-from proxy_addon.states import IN_FLIGHT_STATES, RefusalReason, State
-from proxy_addon.verdicts import is_success
+from proxy_addon.request import answers
+from proxy_addon.request.answers import Answer
+from proxy_addon.rules.fingerprint import REDACTED
+from proxy_addon.rules.records import Blocker, BlockKind, ReceiptRecord
+from proxy_addon.rules.states import IN_FLIGHT_STATES, RefusalReason, State
+from proxy_addon.rules.verdicts import is_success
 
 # A later journaled write with one of these methods ends the replay window of earlier successes on its target.
 INVALIDATING_METHODS = ("PUT", "PATCH", "DELETE")
