@@ -35,7 +35,7 @@ from proxy_addon.log import get_logger
 from proxy_addon.request import answers
 from proxy_addon.request.answers import Answer
 from proxy_addon.request.facts import RequestFacts
-from proxy_addon.request.sender import SendResult, Timeouts, UpstreamSender
+from proxy_addon.request.sender import Sender, SendResult, Timeouts
 from proxy_addon.request.waiters import VerdictWaiters
 from proxy_addon.rules import duplicates
 from proxy_addon.rules.account import AccountHasher
@@ -72,7 +72,7 @@ class JournalHandler:
         store: ReceiptStore,
         journal: JournalClient,
         hasher: AccountHasher,
-        sender: UpstreamSender,
+        sender: Sender,
         executor: Executor,
         instance_id: str,
     ):

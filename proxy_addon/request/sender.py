@@ -48,6 +48,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import certifi
@@ -232,6 +233,17 @@ async def _exchange(stream: _Stream, h: h11.Connection, request: list[bytes], id
         headers=[(k, v) for k, v in response.headers.raw_items() if k.lower() not in _HOP_BY_HOP_BYTES],
         content=b"".join(chunks),
     )
+
+
+class Sender(Protocol):
+    """What the request path needs of a sender: one attempt whose ending is classified, and a close at shutdown.
+    `UpstreamSender` is the one that reaches the network; tests give the handler one that answers from a script."""
+
+    async def send_once(
+        self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, timeouts: Timeouts
+    ) -> SendResult: ...
+
+    async def aclose(self) -> None: ...
 
 
 class UpstreamSender:

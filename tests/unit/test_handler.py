@@ -16,7 +16,6 @@ from proxy_addon.addons.receipts import METADATA_KEY, Receipts
 from proxy_addon.exceptions import JournalUnavailableError
 from proxy_addon.journal.client import WriterThread
 from proxy_addon.request.sender import SendEnd, SendResult, UpstreamAnswer
-from proxy_addon.store import ReceiptStore
 
 
 class FakeSender:
@@ -52,7 +51,7 @@ def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     request hook in a taddons context; the addon journals into a migrated SQLite file."""
     url = f"sqlite:///{tmp_path / 'receipts.db'}"
     migrate(url)
-    stores: list[ReceiptStore] = []
+    made: list[Receipts] = []
 
     def make(*results: SendResult, config: str = "") -> tuple[Callable[[Any], Any], Receipts, FakeSender]:
         path = tmp_path / "config.yaml"
@@ -67,23 +66,23 @@ def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
                 with taddons.context(addon) as tctx:
                     tctx.configure(addon, receipts_config=str(path), receipts_database_url=url)
                     assert addon.handler is not None
-                    addon.handler.sender = sender  # type: ignore[assignment]
+                    addon.handler.sender = sender
                     for f in (flow, *more):
                         await addon.request(f)
 
             asyncio.run(go())
             return flow
 
-        stores.append(addon)  # type: ignore[arg-type]
+        made.append(addon)
         return run, addon, sender
 
     yield make
-    for addon in stores:
-        if addon.journal is not None:  # type: ignore[attr-defined]
-            addon.journal.close()  # type: ignore[attr-defined]
-        if addon.store is not None:  # type: ignore[attr-defined]
-            addon.store.close()  # type: ignore[attr-defined]
-            addon.store.engine.dispose()  # type: ignore[attr-defined]
+    for addon in made:
+        if addon.journal is not None:
+            addon.journal.close()
+        if addon.store is not None:
+            addon.store.close()
+            addon.store.engine.dispose()
 
 
 def states(addon: Receipts, operation_id: str) -> list[str]:

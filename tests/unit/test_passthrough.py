@@ -60,7 +60,7 @@ def proxy(tmp_path: Path) -> Iterator[Callable[..., Any]]:
                 with taddons.context(journal, streaming) as tctx:
                     tctx.configure(journal, receipts_config=str(config), receipts_database_url=url)
                     assert journal.handler is not None
-                    journal.handler.sender = sender  # type: ignore[assignment]
+                    journal.handler.sender = sender
                     streaming.requestheaders(f)
                     await journal.request(f)
                     if f.response is None:  # mitmproxy forwards it and reads the answer's head
