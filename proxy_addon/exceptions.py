@@ -117,16 +117,16 @@ class InvalidResolutionError(ReceiptsError):
 # -- reconciliation -----------------------------------------------------------------------------------------------
 
 
-class UnreadableRule(ReceiptsError):
+class UnreadableRuleError(ReceiptsError):
     """The rule cannot be applied to this receipt (a value it needs is missing or redacted)."""
 
 
-class ReadNotPossible(ReceiptsError):
+class ReadNotPossibleError(ReceiptsError):
     """The read cannot be made now (an environment variable it needs is not set); it proves nothing."""
 
 
 # -- the admin server ---------------------------------------------------------------------------------------------
 
 
-class BadRequest(ReceiptsError):
+class BadRequestError(ReceiptsError):
     """A query parameter or a body the admin API cannot use (400)."""

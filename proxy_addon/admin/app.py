@@ -22,7 +22,7 @@ from proxy_addon.admin.views import (
     ts_filter,
 )
 from proxy_addon.config import AdminSettings, ReceiptsConfig
-from proxy_addon.exceptions import BadRequest, InvalidResolutionError, NotResolvableError, ReceiptsError, StaleStateError
+from proxy_addon.exceptions import BadRequestError, InvalidResolutionError, NotResolvableError, ReceiptsError, StaleStateError
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import RESOLUTION_STATES, RESOLVABLE_STATES, State
 from proxy_addon.store import ReceiptStore
@@ -81,7 +81,7 @@ def create_app(config: ReceiptsConfig, store: ReceiptStore, settings: AdminSetti
             return problem(415, "unsupported-media-type", "JSON required", "send Content-Type: application/json")
         body = request.get_json(silent=True)
         if not isinstance(body, dict):
-            raise BadRequest("the body must be a JSON object: {state, note, external_id}")
+            raise BadRequestError("the body must be a JSON object: {state, note, external_id}")
         unknown = set(body) - {"state", "note", "external_id", "who"}
         if unknown:
             raise InvalidResolutionError(f"unknown field(s): {', '.join(sorted(unknown))}")

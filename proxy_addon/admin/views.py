@@ -6,7 +6,7 @@ from typing import Any
 from flask import Response, request
 
 from proxy_addon.exceptions import (
-    BadRequest,
+    BadRequestError,
     InvalidResolutionError,
     NotResolvableError,
     ReceiptNotFoundError,
@@ -33,7 +33,7 @@ def status_of(e: ReceiptsError) -> tuple[int, str]:
         return 409, "not-resolvable"
     if isinstance(e, InvalidResolutionError):
         return 422, "invalid-resolution"
-    if isinstance(e, BadRequest):
+    if isinstance(e, BadRequestError):
         return 400, "bad-request"
     return 503, "journal-unavailable"
 
@@ -56,25 +56,25 @@ def list_filters(default_state: str | None) -> tuple[list[str] | None, documents
     try:
         states = documents.expand_states(raw)
     except ValueError as e:
-        raise BadRequest(str(e)) from None
+        raise BadRequestError(str(e)) from None
     older_than = None
     if request.args.get("older_than"):
         try:
             older_than = timedelta(seconds=parse_duration(request.args["older_than"]))
         except ValueError as e:
-            raise BadRequest(f"older_than: {e}") from None
+            raise BadRequestError(f"older_than: {e}") from None
     try:
         limit = int(request.args.get("limit", LIST_LIMIT))
     except ValueError:
-        raise BadRequest("limit must be a whole number") from None
+        raise BadRequestError("limit must be a whole number") from None
     if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise BadRequest(f"limit must be between 1 and {MAX_LIST_LIMIT}")
+        raise BadRequestError(f"limit must be between 1 and {MAX_LIST_LIMIT}")
     host = None
     if request.args.get("host", "").strip():
         try:
             host = documents.parse_host_filter(request.args["host"])
         except ValueError as e:
-            raise BadRequest(f"host: {e}") from None
+            raise BadRequestError(f"host: {e}") from None
     return states or None, host, older_than, limit
 
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from proxy_addon.exceptions import ReadNotPossible, UnreadableRule
+from proxy_addon.exceptions import ReadNotPossibleError, UnreadableRuleError
 from proxy_addon.rules.fingerprint import REDACTED, canonical_json
 from proxy_addon.rules.operations import PLACEHOLDER_RE, ReconcileRule, known_placeholder
 from proxy_addon.rules.records import ReceiptRecord
@@ -50,13 +50,13 @@ def _value(name: str, receipt: ReceiptRecord, path_params: dict[str, str], docum
             "submitted_at": (receipt.submitted_at or receipt.created_at).isoformat().replace("+00:00", "Z"),
         }.get(name)
     if value is None or value == REDACTED or _holds_redacted(value):
-        raise UnreadableRule(f"the rule's {what} needs {{{name}}}, which this receipt does not have")
+        raise UnreadableRuleError(f"the rule's {what} needs {{{name}}}, which this receipt does not have")
     return value
 
 
 def _text(value: Any, name: str, what: str) -> str:
     if isinstance(value, dict | list):
-        raise UnreadableRule(f"the rule's {what} needs {{{name}}}, which this receipt does not have")
+        raise UnreadableRuleError(f"the rule's {what} needs {{{name}}}, which this receipt does not have")
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
@@ -107,7 +107,7 @@ def expand_env(headers: dict[str, str]) -> dict[str, str]:
     def sub(m: re.Match[str]) -> str:
         value = os.environ.get(m.group(1))
         if value is None:
-            raise ReadNotPossible(f"environment variable {m.group(1)} is not set")
+            raise ReadNotPossibleError(f"environment variable {m.group(1)} is not set")
         return value
 
     return {k: _ENV_RE.sub(sub, v) for k, v in headers.items()}
@@ -117,7 +117,7 @@ def candidate_matches(candidate: Any, original: Any, rule: ReconcileRule) -> boo
     for cand_path, orig_path in rule.match_paths:
         want = orig_path.find(original)
         if not want or want[0] == REDACTED:
-            raise UnreadableRule(f"match needs {orig_path.text} of the original request, which was not journaled")
+            raise UnreadableRuleError(f"match needs {orig_path.text} of the original request, which was not journaled")
         got = cand_path.find(candidate)
         if not got or canonical_json(got[0]) != canonical_json(want[0]):
             return False

@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl, urljoin, urlsplit
 import httpx
 
 from proxy_addon.config import HostPolicy
-from proxy_addon.exceptions import UnreadableRule
+from proxy_addon.exceptions import UnreadableRuleError
 from proxy_addon.protocols import routing, sse
 from proxy_addon.reconcile.decide import Found, ReadOutcome
 from proxy_addon.reconcile.rules import (
@@ -107,7 +107,7 @@ class Search:
     ) -> ReadOutcome:
         original = request_document(receipt)
         if original is None:
-            raise UnreadableRule("search needs the original request's JSON body, which was not journaled")
+            raise UnreadableRuleError("search needs the original request's JSON body, which was not journaled")
         url, kwargs = fill_template(rule.url or "", receipt, params), _read_kwargs(rule, receipt, params)
         matches: dict[str, Any] = {}  # by id: a record seen on two pages (the list shifted) is one candidate
         reads: list[dict[str, Any]] = []
@@ -178,13 +178,13 @@ class ResendWithKey:
         self, receipt: ReceiptRecord, op: OperationRule, rule: ReconcileRule, params: dict[str, str], policy: HostPolicy
     ) -> ReadOutcome:
         if not policy.inject_idempotency_key or not receipt.idempotency_key:
-            raise UnreadableRule("resend_with_key needs a host with inject_idempotency_key and a journaled key")
+            raise UnreadableRuleError("resend_with_key needs a host with inject_idempotency_key and a journaled key")
         body = receipt.request_body or b""
         query_values = [v for _k, v in parse_qsl(receipt.query or "", keep_blank_values=True)]
         if receipt.request_body_truncated or REDACTED.encode() in body or REDACTED in query_values:
-            raise UnreadableRule("the journaled request is truncated or redacted, so it cannot be re-sent exactly")
+            raise UnreadableRuleError("the journaled request is truncated or redacted, so it cannot be re-sent exactly")
         if receipt.body_note and "multipart" in receipt.body_note:
-            raise UnreadableRule("multipart bodies are journaled as digests and cannot be re-sent")
+            raise UnreadableRuleError("multipart bodies are journaled as digests and cannot be re-sent")
         key_header = policy.idempotency_key_header.lower()
         headers = {
             k: v

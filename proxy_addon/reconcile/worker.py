@@ -18,7 +18,7 @@ import httpx
 
 from proxy_addon import metrics
 from proxy_addon.config import ReceiptsConfig
-from proxy_addon.exceptions import ReadNotPossible, StaleStateError, UnreadableRule
+from proxy_addon.exceptions import ReadNotPossibleError, StaleStateError, UnreadableRuleError
 from proxy_addon.log import configure_logging, get_logger
 from proxy_addon.protocols.routing import call_name, match_rule
 from proxy_addon.reconcile.decide import Found, ReadOutcome, decide
@@ -154,9 +154,9 @@ class Reconciler:
         rule = op.reconcile
         try:
             outcome = await self._strategies[rule.strategy].read(receipt, op, rule, params, policy)
-        except UnreadableRule as e:
+        except UnreadableRuleError as e:
             outcome = ReadOutcome(Found.REFUSED, {"reason": str(e)})
-        except ReadNotPossible as e:
+        except ReadNotPossibleError as e:
             outcome = ReadOutcome(Found.FAILED, {"reason": str(e)})
         except Exception as e:  # noqa: BLE001 - a read that broke proves nothing about the world
             log.error("reconcile_read_broke", operation_id=receipt.operation_id, error=f"{type(e).__name__}: {e}")

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy_addon.config import parse_config
-from proxy_addon.exceptions import ConfigError, UnreadableRule
+from proxy_addon.exceptions import ConfigError, UnreadableRuleError
 from proxy_addon.protocols import graphql, jsonrpc, routing, sse
 from proxy_addon.protocols.base import Call
 from proxy_addon.protocols.hosts import find_host_entry, is_model_api
@@ -422,9 +422,9 @@ def test_a_body_template_takes_values_whole_or_as_text():
     template = {"q": "{body.params.arguments.title}", "tags": "{body.params.arguments.tags}", "s": "id {operation_id}",
                 "query": "query { issues(first: 2) {title} }"}
     assert fill_body(template, original, {}) == {"q": "a b", "tags": ["x"], "s": "id op_1", "query": template["query"]}
-    with pytest.raises(UnreadableRule):
+    with pytest.raises(UnreadableRuleError):
         fill_body({"p": "{body.params.arguments.password}"}, original, {})
-    with pytest.raises(UnreadableRule):
+    with pytest.raises(UnreadableRuleError):
         fill_body({"p": "x {body.params.arguments.tags}"}, original, {})
 
 
