@@ -1,4 +1,4 @@
-"""Hostile inputs (issue 10): what the worst bodies cost the proxy, measured, not asserted in a test's timing.
+"""Hostile inputs: what the worst bodies cost the proxy, measured, not asserted in a test's timing.
 
     .venv/bin/python bench/hostile.py canonical            # analyse_body on the worst inputs found, in-process
     .venv/bin/python bench/hostile.py stall                # a real proxy: GET latency while {"a":1e999999} is journaled

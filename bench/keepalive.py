@@ -1,4 +1,4 @@
-"""What a keep-alive connection buys the sender, against the fresh connection per write it uses (issue 18).
+"""What a keep-alive connection buys the sender, against the fresh connection per write it uses.
 
     .venv/bin/python bench/keepalive.py [--requests 2000] [--runs 3]
 

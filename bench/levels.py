@@ -137,7 +137,7 @@ class TargetRun:
         if self.db is not None and self.db.kind == "postgres":
             # What autovacuum does within a minute on a default server. The local one may run with autovacuum
             # off (`SHOW autovacuum`): then a fresh database's tables never get statistics, the plans chosen while
-            # they were empty stay, and its server CPU per write was ~10x that on an analysed one (issue 15).
+            # they were empty stay, and its server CPU per write is many times that on an analysed one (bench/README.md).
             self.db.analyze()
         row: Row = {
             "target": self.target.key,

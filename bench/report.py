@@ -68,7 +68,8 @@ def difference(x: float | None, b: float | None) -> float | None:
     return None if x is None or b is None else round(x - b, 3)
 
 
-# issue 15's targets, by target: throughput at c=32 as a share of mitmdump's, added p50 at c=1 in ms
+# the performance targets (docs/performance.md, "Targets, met or missed"), by target: throughput at c=32 as a share
+# of mitmdump's, added p50 at c=1 in ms
 TARGET_RATIO = {"sqlite": 0.8, "postgres": 0.6, "postgres-2": 0.6}
 TARGET_ADDED_P50_MS = {"sqlite": 1.5, "postgres": 3.0, "postgres-2": 3.0}
 
@@ -218,7 +219,7 @@ def cell(v: object) -> str:
 def goals_table(doc: dict[str, Any]) -> list[str]:
     if not doc["goals"]:
         return []
-    lines = ["", "| goal (issue 15) | target | value | met |", "|---|---|---:|---|"]
+    lines = ["", "| goal | target | value | met |", "|---|---|---:|---|"]
     for g in doc["goals"]:
         lines.append(f"| {g['goal']} | {g['target']} | {g['value']} | {'yes' if g['met'] else 'NO'} |")
     return lines

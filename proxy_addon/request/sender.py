@@ -9,8 +9,9 @@ nothing reached the upstream; one while or after writing (reset, early close, ma
 means the upstream may have acted. Reads (GET, HEAD, OPTIONS) stay on mitmproxy's own path, untouched.
 
 The client is a small HTTP/1.1 sender on an asyncio protocol with h11. It replaced httpx, whose layers
-(httpx, httpcore, anyio) cost 2-3 ms of event-loop CPU per request here, more than the rest of the
-journaling. This module is the only one that knows the client.
+(httpx, httpcore, anyio) cost more event-loop CPU per request than the rest of the journaling (the figures:
+docs/performance.md, "What was built, and what each step bought"). This module is the only one that knows
+the client.
 
 Timeouts. `upstream_timeout` is an idle timeout: the longest wait for the answer to begin and between two
 of its reads (while the request body is still being taken by the upstream, that progress counts too), so an
@@ -26,21 +27,12 @@ One fresh connection per journaled write, no keep-alive pool. A pooled connectio
 while idle fails exactly like "read the request, then reset", so reusing one risks a false outcome_unknown
 whenever the upstream's idle close crosses our request on the wire; a liveness check before reuse (age, EOF,
 readable socket) narrows that window but cannot close it, and upstreams' idle timeouts go down to 1 s and
-below. Measured on this machine (2 vCPU, loopback, `bench/keepalive.py --requests 2000 --runs 3`: the
-sender's CPU per write in its process, median of 3 runs, the upstream in a process of its own; the proxy as a
-whole spends ~3-4 ms of CPU per journaled write):
-
-    upstream  concurrency  kept-alive connection      fresh connection per write
-    http      1            0.15 ms CPU, p50 0.18 ms   0.33 ms CPU, p50 0.36 ms
-    http      16           0.10 ms CPU                0.23 ms CPU
-    https     1            0.12 ms CPU, p50 0.14 ms   1.49 ms CPU, p50 2.18 ms
-    https     16           0.26 ms CPU                1.08 ms CPU
-
-So reuse would buy ~0.1-0.2 ms of CPU per write to an http upstream and ~0.8-1.4 ms to an https one (the TLS
-handshake; resuming TLS sessions did not reduce it here), plus one round trip (two with TLS) of latency to a
-remote upstream. A false outcome_unknown costs a blocked retry and a reconciliation or a person. We pay the
-connection. The request says `Connection: close`, and our side closes once the upstream has (or after
-LINGER), so the TIME_WAIT stays with the upstream rather than using up this host's ports.
+below. Reuse would save the connect (to an https upstream the TLS handshake too, which resuming TLS
+sessions did not make cheaper) and a round trip or two of latency to a remote upstream; what that comes to
+per write is measured in docs/performance.md ("What was built, and what each step bought"). A false
+outcome_unknown costs a blocked retry and a reconciliation or a person. We pay the connection. The request
+says `Connection: close`, and our side closes once the upstream has (or after LINGER), so the TIME_WAIT
+stays with the upstream rather than using up this host's ports.
 """
 
 import asyncio

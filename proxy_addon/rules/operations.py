@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from proxy_addon.units import Duration, JsonPath, JsonPathField, StrictModel, compile_jsonpath
 
 MUTATING_METHODS = ("POST", "PUT", "PATCH", "DELETE")
-# -- issue 12: any HTTP method token may be journaled (PURGE, MKCOL, ...); what the protocol seam reads ---------
+# -- any HTTP method token may be journaled (PURGE, MKCOL, ...), not only the four above: what the protocol seam reads --
 _METHOD_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 5.6.2 token
 MAX_METHOD_LENGTH = 16  # the receipts.method column
 ProtocolName = Literal["auto", "rest", "graphql", "jsonrpc"]
@@ -103,7 +103,7 @@ class OperationRule(StrictModel):
     external_id: str | None = None
     retry_safe: bool = False
     reconcile: ReconcileRule | None = None
-    # issue 12: what passes through, and how a protocol's calls are told apart
+    # what passes through, and how a protocol's calls are told apart
     journal: bool = True  # false: a read sent with a journaled method; passes through, streamed, unjournaled
     protocol: ProtocolName | None = None  # None: the host's (auto by default)
     read_methods: list[str] = Field(default_factory=list)  # JSON-RPC methods (globs) that are reads

@@ -1,4 +1,4 @@
-"""What the proxy refuses before journaling (issue 10), through a real proxy with its admin server enabled and a
+"""What the proxy refuses before journaling, through a real proxy with its admin server enabled and a
 real client: requests to the proxy's own admin server or listen address (403, any method, CONNECT too), journaled
 bodies over proxy.max_body (413, declared or chunked), a header value HTTP/1.1 forbids (400); and a body whose
 numbers would once hold the whole proxy, while other requests are answered."""

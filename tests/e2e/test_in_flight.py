@@ -1,4 +1,4 @@
-"""`in_flight: {policy: wait}` end to end (issue 18): a repeat of a write still in flight waits for the original's
+"""`in_flight: {policy: wait}` end to end: a repeat of a write still in flight waits for the original's
 verdict, on this proxy or another replica, and gets what a repeat after that verdict gets. Real proxies (one
 in-process, one `receipts proxy` process), an upstream that holds its answer until the test releases it
 (support/answering.py), httpx clients, receipts on SQLite and PostgreSQL.

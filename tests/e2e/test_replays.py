@@ -1,4 +1,4 @@
-"""Replays that never lie (issue 18), end to end: a real proxy, an upstream that compresses, pretty-prints and
+"""Replays that never lie, end to end: a real proxy, an upstream that compresses, pretty-prints and
 redirects (support/answering.py), real clients (h11 on a socket for the bytes, httpx, requests, and Node's own
 fetch when `node` is on the machine), receipts on SQLite and PostgreSQL.
 

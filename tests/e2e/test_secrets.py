@@ -1,6 +1,6 @@
 """Every secret form the contract names, sent through a real `receipts proxy` process with a unique marker, then
 looked for where it must never be: the SQLite file and its WAL, a `pg_dump` of the PostgreSQL database, and the
-proxy's log. Zero hits each (issue 10). The upstream still gets every credential it was sent.
+proxy's log. Zero hits each. The upstream still gets every credential it was sent.
 
 Forms: vendor key headers, configured headers, cookies; query parameters; JSON fields at depth; form fields;
 multipart parts (and their unsalted SHA-256); a token the upstream returns in a success body and a cookie it

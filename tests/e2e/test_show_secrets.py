@@ -1,4 +1,4 @@
-"""Never a secret in what a person reads (issue 14): credentials and secret fields sent through a real proxy, and
+"""Never a secret in what a person reads: credentials and secret fields sent through a real proxy, and
 the secrets the upstream answered with, appear in none of `receipts show` (table and --json), `GET
 /receipts/{id}` and the review page, which show the request as journaled: already redacted when stored."""
 

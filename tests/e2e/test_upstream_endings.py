@@ -1,4 +1,4 @@
-"""The right verdict for every way an exchange with the upstream ends (issue 18), end to end: a real proxy, real
+"""The right verdict for every way an exchange with the upstream ends, end to end: a real proxy, real
 upstreams (support/answering.py), httpx through the proxy, receipts on SQLite and PostgreSQL.
 
 - `upstream_timeout` is an idle timeout: an answer that trickles in steadily succeeds however long it takes;

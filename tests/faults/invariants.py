@@ -92,7 +92,7 @@ class Journal:
 
         Why history ids and not `created_at`/`completed_at`: those are the writer's clock read before its
         transaction began (docs/architecture.md, "Which time is which"), so a receipt created just after another one
-        closed can carry the earlier timestamp (issue 16: 0.4 ms apart, both transactions correct).
+        closed can carry the earlier timestamp, both transactions correct (a fault run has seen it).
         The ids are drawn inside the writing transactions, and they grow in the order they are drawn (a
         PostgreSQL sequence; SQLite's rowid, under its one write lock). A correct proxy creates B only after
         its decision saw A closed, that is after A's closing transaction committed, and that transaction drew

@@ -101,7 +101,7 @@ def test_knowingly_unjournaled_sends_are_not_lost():
     assert find_violations(journal(), [r], unjournaled_sends=[r.send_id]).problems == []
 
 
-# -- the checker on real databases: the interleaving of issue 16, and a real overlap -------------------------
+# -- the checker on real databases: timestamps out of order with the commits, and a real overlap -------------
 
 
 def _journal_of(store) -> Journal:
@@ -109,7 +109,7 @@ def _journal_of(store) -> Journal:
 
 
 def test_a_receipt_created_just_after_another_closed_is_no_violation(store):
-    """Issue 16's interleaving, made deterministic: B's writer reads its clock (created_at), then A is closed
+    """An interleaving a fault run met, made deterministic: B's writer reads its clock (created_at), then A is closed
     (completed_at, later by that clock) and committed, then B decides, sees A closed, and is created. The
     proxy did right; a checker ordering by the timestamps called it a duplicate forward."""
     a = intent(fingerprint="sha256:" + "a" * 64, request_body=b'{"tag": "a"}')

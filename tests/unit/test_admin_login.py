@@ -1,4 +1,4 @@
-"""The admin server's login and start (issue 10): a session cookie that expires and that logout ends, `next`
+"""The admin server's login and start: a session cookie that expires and that logout ends, `next`
 only to a path on this server, a token too short refused at start, and a busy port that is one clear line."""
 
 import asyncio

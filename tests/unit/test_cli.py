@@ -228,7 +228,7 @@ def test_tables_keep_each_operation_id_whole_on_one_line(cli, cli_store):
     assert code == 0 and ops[0] in out and "manual_review" in out
 
 
-# -- issue 14: `--host host:port`, `show` with the request as journaled, `env`, paths relative to the config ----
+# -- `--host host:port`, `show` with the request as journaled, `env`, paths relative to the config -------------
 
 
 def test_ls_host_takes_host_and_port_and_shows_the_port(cli, cli_store):

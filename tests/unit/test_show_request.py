@@ -1,4 +1,4 @@
-"""The request as journaled, where a person reads it (issue 14): `GET /receipts/{id}` and the review page show
+"""The request as journaled, where a person reads it: `GET /receipts/{id}` and the review page show
 the method, the URL with its redacted query, the redacted headers and the body (JSON pretty-printed, form
 fields, or "N bytes of binary"), the upstream's stored answer and the reconciler's reads; long bodies folded,
 everything escaped. `receipts show` is tested in test_cli.py; secrets sent through a real proxy in
