@@ -1,23 +1,17 @@
 """The pure decisions, table by table: how a send ended (sender.classify_exception), what that makes of the
-receipt (verdicts.classify_outcome), what of an answer is kept (verdicts.storable_response), and what a request
-gets when an earlier receipt stands in its way (duplicates.decide, duplicates.replayable)."""
+receipt (verdicts.classify_outcome) and what of an answer is kept (verdicts.storable_response). What a request
+gets when an earlier receipt stands in its way: test_duplicates.py."""
 
 import gzip
 import json
-from dataclasses import replace
-from datetime import timedelta
 
 import h11
 import pytest
-from support.store import fp, intent
 
-from proxy_addon.config import AfterSuccess, parse_config
-from proxy_addon.request import answers
+from proxy_addon.config import parse_config
 from proxy_addon.request.sender import SendEnd, SendResult, UpstreamAnswer, classify_exception
-from proxy_addon.rules import duplicates
 from proxy_addon.rules.operations import OperationRule
-from proxy_addon.rules.records import Blocker, BlockKind, ReceiptRecord, utcnow
-from proxy_addon.rules.states import RefusalReason, State
+from proxy_addon.rules.states import State
 from proxy_addon.rules.verdicts import classify_outcome, storable_response
 
 POLICY = parse_config("hosts: {}").policy_for("api.example.com", 443)
@@ -107,80 +101,3 @@ def test_secret_answer_headers_are_not_stored():
     stored = storable_response(answered(201, b"{}", [(b"set-cookie", b"session=s3cret"), (b"x-request-id", b"r1")]), POLICY, 100)
     assert [list(h) for h in stored["response_headers"]] == [["set-cookie", "[REDACTED]"], ["x-request-id", "r1"]]
 
-
-# -- the duplicate decision ------------------------------------------------------------------------------------
-
-
-def receipt(state: State, status: int | None = 201, response_headers: dict | None = None, truncated: bool = False) -> ReceiptRecord:
-    now = utcnow()
-    i = intent(fp())
-    return ReceiptRecord(
-        **{name: getattr(i, name) for name in ("operation_id", "operation", "method", "scheme", "host", "port", "path",
-                                               "query", "intent_fingerprint", "account", "idempotency_key", "proxy_instance",
-                                               "request_headers", "request_body", "request_body_size",
-                                               "request_body_truncated", "body_note")},
-        state=state.value, created_at=now, updated_at=now, submitted_at=now,
-        completed_at=now if state == State.SUCCEEDED else None, status_code=status, external_id=None, error_code=None,
-        error_message=None, authentication_recorded=False, response_headers=response_headers, response_body=b'{"id":1}',
-        response_body_truncated=truncated, response_body_redacted=False, reconcile_attempts=0, next_attempt_at=None, lease_owner=None,
-        lease_expires_at=None,
-    )
-
-
-SUCCESS = receipt(State.SUCCEEDED, response_headers={"content-type": "application/json"})
-REPLAY = AfterSuccess(policy="replay", window="15m")
-
-
-@pytest.mark.parametrize(
-    ("blocker", "after_success", "decision", "reason", "status", "problem"),
-    [
-        (None, REPLAY, "forwarded", None, None, None),
-        (Blocker(BlockKind.OPEN, receipt(State.OUTCOME_UNKNOWN, None)), REPLAY, "refused", RefusalReason.DUPLICATE_OPEN, 409, "duplicate-open"),
-        (Blocker(BlockKind.SUCCEEDED, SUCCESS), REPLAY, "replayed", RefusalReason.DUPLICATE_SUCCEEDED_REPLAY, 201, None),
-        (Blocker(BlockKind.SUCCEEDED, SUCCESS), AfterSuccess(policy="refuse"), "refused",
-         RefusalReason.DUPLICATE_SUCCEEDED_REFUSE, 409, "duplicate-succeeded"),
-        (Blocker(BlockKind.SUCCEEDED, replace(SUCCESS, response_headers=None)), REPLAY, "refused",
-         RefusalReason.DUPLICATE_SUCCEEDED_REFUSE, 409, "duplicate-succeeded"),
-        (Blocker(BlockKind.KEY_MISMATCH, SUCCESS), REPLAY, "refused", RefusalReason.IDEMPOTENCY_KEY_MISMATCH, 422,
-         "idempotency-key-mismatch"),
-    ],
-    ids=["nothing-in-the-way", "open", "success-replayed", "success-refused", "success-without-answer", "key-reused"],
-)
-def test_the_duplicate_decision(blocker, after_success, decision, reason, status, problem):
-    got = duplicates.decide(blocker, after_success)
-    assert (got.decision, got.reason, got.status, got.problem) == (decision, reason, status, problem)
-    document = got.document()
-    assert document["blocking_operation_id"] == (blocker.receipt.operation_id if blocker else None)
-    if blocker is not None and blocker.kind == BlockKind.SUCCEEDED:
-        assert document["until"] == SUCCESS.completed_at + timedelta(minutes=15)
-
-
-@pytest.mark.parametrize(
-    ("record", "ok"),
-    [
-        (SUCCESS, True),
-        (replace(SUCCESS, response_headers=None), False),  # settled by a person or the reconciler: no answer held
-        (replace(SUCCESS, response_body_truncated=True), False),
-        (replace(SUCCESS, status_code=None), False),
-        (replace(SUCCESS, status_code=302), False),
-    ],
-)
-def test_replayable(record, ok):
-    assert duplicates.replayable(record) is ok
-
-
-def test_a_refusal_answer_names_the_blocking_receipt_and_a_replay_says_so():
-    replay = duplicates.refusal_answer(duplicates.decide(Blocker(BlockKind.SUCCEEDED, SUCCESS), REPLAY), None)
-    assert replay.status == 201 and replay.body == b'{"id":1}'
-    assert replay.header(answers.REPLAYED_HEADER) == "true" and replay.header(answers.RECEIPT_ID_HEADER) == SUCCESS.operation_id
-    assert replay.header("content-length") == "8"
-    open_one = receipt(State.MANUAL_REVIEW, None)
-    refused = duplicates.refusal_answer(duplicates.decide(Blocker(BlockKind.OPEN, open_one), REPLAY), None)
-    assert refused.status == 409 and json.loads(refused.body)["operation_id"] == open_one.operation_id
-    assert refused.header(answers.RECEIPT_STATE_HEADER) == "manual_review"
-
-
-def test_with_headers_replaces_whatever_the_case():
-    a = answers.answer(200, b"x", {"X-Receipt-Id": "old", "Content-Type": "text/plain"})
-    b = a.with_headers({"x-receipt-id": "new"})
-    assert b.header("X-Receipt-Id") == "new" and len([k for k, _ in b.headers if k.lower() == b"x-receipt-id"]) == 1
