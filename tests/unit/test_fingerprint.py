@@ -1,12 +1,8 @@
-"""The intent fingerprint, body redaction, header redaction and account hashing, as parametrized tables."""
+"""The intent fingerprint, body redaction and header redaction, as parametrized tables (the account: test_account.py)."""
 
 import hashlib
 import json
-import os
 import re
-import stat
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qsl
 
 import pytest
@@ -15,8 +11,7 @@ from pydantic import ValidationError
 from support.bodies import binary
 
 from proxy_addon.config import BUILTIN_SECRET_HEADERS, DEFAULT_REDACT_FIELDS
-from proxy_addon.exceptions import ConfigError
-from proxy_addon.rules.account import ANONYMOUS, SECRET_ENV, AccountHasher, load_or_create_key
+from proxy_addon.rules.account import AccountHasher
 from proxy_addon.rules.fingerprint import (
     MAX_CANONICAL_BODY,
     MAX_ITEMS,
@@ -250,93 +245,12 @@ def test_redact_headers_keeps_names_and_hides_values():
     assert SECRET not in json.dumps(got)
 
 
-CREDS = frozenset(BUILTIN_SECRET_HEADERS)
-KEY = b"k" * 64
-
-
-def account(headers: list[tuple[str, str]], key: bytes = KEY) -> str:
-    return AccountHasher(key).account_of(headers, CREDS)
-
-
-@pytest.mark.parametrize("a, b, same", [
-    ([("Authorization", "Bearer one")], [("Authorization", "Bearer one")], True),
-    ([("Authorization", "Bearer one")], [("authorization", "Bearer one"), ("Accept", "x")], True),
-    ([("Authorization", "Bearer one")], [("Authorization", "Bearer two")], False),
-    # two credentials in either order (not Cookie: it rotates, and so counts for no account at all)
-    ([("Authorization", "x"), ("X-Api-Key", "c")], [("X-Api-Key", "c"), ("Authorization", "x")], True),
-    ([("Authorization", "x")], [("X-Api-Key", "x")], False),  # the same value as another credential
-    ([("Authorization", "x"), ("X-Api-Key", "c")], [("Authorization", "c"), ("X-Api-Key", "x")], False),
-    ([("X-Api-Key", "x"), ("Proxy-Authorization", "p1")], [("X-Api-Key", "x"), ("Proxy-Authorization", "p2")], True),
-])
-def test_account_is_a_keyed_hash_of_the_credentials(a, b, same):
-    assert (account(a) == account(b)) is same
-    assert re.fullmatch(r"acct:[0-9a-f]{40}", account(a))
-
-
-@pytest.mark.parametrize("headers", [[], [("Accept", "x")], [("Proxy-Authorization", "Basic cHJveHk=")]])
-def test_no_credential_is_anonymous(headers):
-    assert account(headers) == ANONYMOUS
-
-
-def test_account_depends_on_the_key_and_never_shows_the_secret():
-    headers = [("Authorization", f"Bearer {SECRET}")]
-    assert account(headers) != account(headers, key=b"q" * 64)
-    assert SECRET not in account(headers) and "Bearer" not in account(headers)
-
-
-def test_load_or_create_key_makes_a_private_file_and_reuses_it(tmp_path, monkeypatch):
-    monkeypatch.delenv(SECRET_ENV, raising=False)
-    path = tmp_path / "secret"
-    old_umask = os.umask(0)  # the mode must not depend on a permissive umask
-    try:
-        key = load_or_create_key(path)
-    finally:
-        os.umask(old_umask)
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and len(key) >= 32
-    assert load_or_create_key(path) == key and path.read_text().strip().encode() == key
-    assert load_or_create_key(tmp_path / "other") != key
-
-
-def test_secret_env_wins_over_the_file(tmp_path, monkeypatch):
-    monkeypatch.setenv(SECRET_ENV, "shared-by-every-replica-0123456789")
-    assert load_or_create_key(tmp_path / "secret") == b"shared-by-every-replica-0123456789"
-    assert not (tmp_path / "secret").exists()
-
-
-@pytest.mark.parametrize("setup", ["short", "no-dir"])
-def test_unusable_secret_file_is_one_config_error(tmp_path, monkeypatch, setup):
-    monkeypatch.delenv(SECRET_ENV, raising=False)
-    path = tmp_path / "secret" if setup == "short" else tmp_path / "missing" / "secret"
-    if setup == "short":
-        path.write_text("too-short")
-    with pytest.raises(ConfigError) as err:
-        load_or_create_key(path)
-    assert "\n" not in str(err.value) and str(path) in str(err.value)
-
-
 def test_undeclared_json_is_redacted_like_declared_json():
     body = b'{"title": "t", "password": "undeclared-secret"}'
     sniffed = analyse_body(None, body, frozenset({"password"}))
     assert sniffed.kind == "json"
     assert b"undeclared-secret" not in sniffed.stored
     assert analyse_body(None, b"{not json", frozenset({"password"})).kind == "bytes"
-
-
-def test_replicas_creating_the_key_file_at_once_all_read_the_same_whole_key(tmp_path, monkeypatch):
-    """Proxies started together on one secret_file: none may read it half-written, and all must use one key."""
-    monkeypatch.delenv(SECRET_ENV, raising=False)
-    for attempt in range(20):
-        path = tmp_path / f"secret-{attempt}"
-        start = threading.Barrier(8)
-
-        def load() -> bytes:
-            start.wait(10)
-            return load_or_create_key(path)
-
-        with ThreadPoolExecutor(8) as pool:
-            keys = {f.result() for f in [pool.submit(load) for _ in range(8)]}
-        assert keys == {path.read_text().strip().encode()}
-    assert sorted(f.name for f in tmp_path.iterdir()) == sorted(f"secret-{i}" for i in range(20))  # no drafts left
 
 
 # -- bounded work on any input ------------------------------------------------------------------------------
