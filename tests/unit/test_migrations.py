@@ -1,4 +1,4 @@
-"""Alembic migrations against the models on both databases, the schema check, and database URL handling."""
+"""Alembic migrations against the models on both databases, and the schema check (database URLs: test_db.py)."""
 
 import pytest
 from alembic import command
@@ -7,16 +7,12 @@ from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 
 from proxy_addon.db import (
-    DATABASE_URL_ENV,
-    DEFAULT_DATABASE_URL,
     alembic_config,
     check_schema,
     head_revision,
     make_engine,
-    parse_database_url,
-    resolve_database_url,
 )
-from proxy_addon.exceptions import DatabaseURLError, JournalUnavailableError, SchemaNotMigratedError
+from proxy_addon.exceptions import JournalUnavailableError, SchemaNotMigratedError
 from proxy_addon.store.tables import Base
 
 TABLES = {"receipts", "receipt_transitions", "proxy_instances", "duplicate_refusals"}
@@ -95,57 +91,6 @@ def test_check_schema_on_an_unreachable_database(tmp_path):
         assert "\n" not in str(err.value)
     finally:
         engine.dispose()
-
-
-@pytest.mark.parametrize("raw, problem", [
-    ("mysql://user:hunter2@db.example.com/receipts", "only sqlite and postgresql"),
-    ("mongodb://db.example.com/receipts", "only sqlite and postgresql"),
-    ("sqlite://", "must name a SQLite file"),
-    ("sqlite:///:memory:", "must name a SQLite file"),
-    ("postgresql://user:hunter2@db.example.com", "names no database"),
-    ("garbage", "not a valid URL"),
-    ("user:hunter2@db.example.com/receipts", "not a valid URL"),
-    ("", "not a valid URL"),
-])
-def test_bad_database_urls_are_one_line(raw, problem):
-    with pytest.raises(DatabaseURLError) as err:
-        parse_database_url(raw)
-    message = str(err.value)
-    assert "\n" not in message and problem in message
-    assert "hunter2" not in message  # a password is never echoed
-
-
-def test_make_engine_refuses_a_bad_url_before_connecting():
-    with pytest.raises(DatabaseURLError):
-        make_engine("mysql://localhost/receipts")
-
-
-@pytest.mark.parametrize("raw, driver, database", [
-    ("postgresql://u@h/db", "postgresql+psycopg", "db"),
-    ("postgresql+psycopg2://u@h/db", "postgresql+psycopg", "db"),
-    ("postgresql+psycopg://u@h:5433/db", "postgresql+psycopg", "db"),
-    ("sqlite:///receipts.db", "sqlite", "receipts.db"),
-    ("sqlite:////var/lib/receipts/receipts.db", "sqlite", "/var/lib/receipts/receipts.db"),
-])
-def test_good_database_urls(raw, driver, database):
-    url = parse_database_url(raw)
-    assert (url.drivername, url.database) == (driver, database)
-
-
-@pytest.mark.parametrize("env, configured, expected", [
-    ("postgresql://env@h/db", "sqlite:///configured.db", "postgresql://env@h/db"),
-    ("postgresql://env@h/db", None, "postgresql://env@h/db"),
-    (None, "sqlite:///configured.db", "sqlite:///configured.db"),
-    ("", "sqlite:///configured.db", "sqlite:///configured.db"),
-    (None, None, DEFAULT_DATABASE_URL),
-])
-def test_resolve_database_url_precedence(monkeypatch, env, configured, expected):
-    if env is None:
-        monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
-    else:
-        monkeypatch.setenv(DATABASE_URL_ENV, env)
-    assert resolve_database_url(configured) == expected
-    assert DEFAULT_DATABASE_URL == "sqlite:///receipts.db"
 
 
 def test_0003_marks_answers_stored_before_it_as_not_replayable(db_url):
