@@ -259,20 +259,6 @@ def test_ls_host_takes_host_and_port_and_shows_the_port(cli, cli_store):
         assert e.value.code == 2, bad
 
 
-@pytest.mark.parametrize("text, host, port", [
-    ("api.example.com", "api.example.com", None),
-    ("API.Example.com:8443", "api.example.com", 8443),
-    ("127.0.0.1:18112", "127.0.0.1", 18112),
-    ("[::1]:8080", "::1", 8080),
-    ("[::1]", "::1", None),
-    ("::1", "::1", None),
-])
-def test_host_filters(text, host, port):
-    from proxy_addon.views.documents import parse_host_filter
-
-    assert parse_host_filter(text) == (host, port)
-
-
 def _journaled(store, target: State, **fields) -> str:
     op = recorded(store, intent(**fields)).operation_id
     walk(store, op, target)
