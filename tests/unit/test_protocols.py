@@ -1,7 +1,7 @@
 """The protocol seam, pure: what passes through from the head alone (routing.route), host keys and model APIs,
 the config keys of docs/journaled.md, and what each protocol module reads off a body: GraphQL (graphql-core),
-JSON-RPC and MCP (identity, operation names, verdicts, answers in their own shape), server-sent events, and a
-reconcile read's body template."""
+JSON-RPC and MCP (identity, operation names, verdicts, answers in their own shape), and a
+reconcile read's body template. Server-sent events: test_sse.py; host keys alone: test_hosts.py."""
 
 import json
 import re
@@ -398,12 +398,6 @@ def test_call_names_come_back_from_operation_names():
     assert routing.call_name("graphql CreateIssue") == "CreateIssue"
     assert routing.call_name("jsonrpc eth_send") == "eth_send"
     assert routing.call_name("POST api.example.com /x") is None
-
-
-def test_server_sent_events_are_parsed_as_the_spec_frames_them():
-    body = b"event: message\ndata: {\"a\":\ndata: 1}\n\n: comment\n\nevent: other\ndata: x\n\ndata: {\"b\": 2}\r\n\r\n"
-    assert list(sse.events(body)) == [("message", '{"a":\n1}'), ("other", "x"), ("message", '{"b": 2}')]
-    assert sse.json_messages(body) == [{"a": 1}, {"b": 2}]
 
 
 # -- a reconcile read's body ------------------------------------------------------------------------------------
