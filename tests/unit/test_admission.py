@@ -1,10 +1,9 @@
-"""What is refused before journaling, as tables: the proxy's own addresses, requests bad in themselves, the
-bounded body buffer and bounded decoding; and the log's scrubbing of mitmproxy's own lines."""
+"""What is refused before journaling, as tables: the proxy's own addresses, requests bad in themselves, a body
+declared over max_body; and the log's scrubbing of mitmproxy's own lines. The bounded body buffer and bounded
+decoding themselves: test_bodylimit.py."""
 
 import asyncio
-import gzip
 import logging
-import zlib
 
 import pytest
 from mitmproxy.test import taddons, tflow, tutils
@@ -12,7 +11,6 @@ from mitmproxy.test import taddons, tflow, tutils
 from proxy_addon.addons.admission import Admission, OwnAddresses, bad_request
 from proxy_addon.config import parse_config
 from proxy_addon.log import scrub_standard_logging
-from proxy_addon.request import bodylimit
 from proxy_addon.request.facts import RequestFacts, split_query
 
 
@@ -98,34 +96,6 @@ def test_what_the_sender_can_send_is_not_refused(headers):
     assert bad_request(facts(headers=headers)) is None
 
 
-def test_the_bounded_buffer_keeps_nothing_past_its_limit():
-    state: dict = {}
-    buffer = bodylimit.BoundedBody(10, state)
-    buffer += b"12345"
-    buffer += b"678"
-    assert len(buffer) == 8 and bool(buffer) and not state.get("over")
-    buffer += b"9abc"
-    assert len(buffer) == 0 and state["over"] and state["seen"] == 12
-    buffer += b"more"
-    assert bytes(buffer) == b"" and state["seen"] == 16
-    kept = bodylimit.BoundedBody(100, {})
-    kept += b"one"
-    assert bytes(kept) == b"one" and len(kept) == 0
-
-
-def test_decoding_is_bounded():
-    plain = b'{"a": 1}'
-    for encoded, encoding in ((gzip.compress(plain), "gzip"), (zlib.compress(plain), "deflate")):
-        request = tutils.treq(content=encoded, headers=((b"content-encoding", encoding.encode()),))
-        assert bodylimit.decoded_body(request, 1000) == (plain, True)
-    bomb = gzip.compress(b"x" * 10_000_000)
-    request = tutils.treq(content=bomb, headers=((b"content-encoding", b"gzip"),))
-    assert bodylimit.decoded_body(request, 1000) == (bomb, False)  # never inflated past the limit
-    broken = tutils.treq(content=b"not gzip", headers=((b"content-encoding", b"gzip"),))
-    assert bodylimit.decoded_body(broken, 1000) == (b"not gzip", False)
-    assert bodylimit.decoded_body(tutils.treq(content=plain), 1000) == (plain, True)
-
-
 def test_mitmproxy_lines_reach_the_log_scrubbed(caplog):
     scrub_standard_logging()
     with caplog.at_level(logging.INFO):
@@ -138,40 +108,6 @@ def test_mitmproxy_lines_reach_the_log_scrubbed(caplog):
 
 
 LIMIT = 100
-
-
-@pytest.mark.parametrize("size", [LIMIT - 1, LIMIT, LIMIT + 1])
-@pytest.mark.parametrize("chunk", [1, 7, LIMIT + 1])
-def test_the_bounded_buffer_keeps_a_body_of_the_limit_and_nothing_of_one_byte_more(size, chunk):
-    body = bytes(range(size))
-    state: dict = {}
-    buffer = bodylimit.BoundedBody(LIMIT, state)
-    for i in range(0, size, chunk):
-        buffer += body[i:i + chunk]
-    assert bool(state.get("over")) is (size > LIMIT) and state["seen"] == size
-    assert bytes(buffer) == (body if size <= LIMIT else b"")
-
-
-@pytest.mark.parametrize("size", [LIMIT - 1, LIMIT, LIMIT + 1])
-def test_a_body_is_over_max_body_from_one_byte_past_it(size):
-    """What the request hook checks: the body as read (the buffer's own verdict, when it was bounded)."""
-    read = tflow.tflow()
-    read.request.content = b"x" * size
-    assert bodylimit.over_limit(read, LIMIT) == (size if size > LIMIT else None)
-    bounded = tflow.tflow()
-    buffer = bodylimit.BoundedBody(LIMIT, bounded.metadata.setdefault(bodylimit.METADATA_KEY, {}))
-    buffer += b"x" * size
-    bounded.request.content = bytes(buffer)
-    assert bodylimit.over_limit(bounded, LIMIT) == (size if size > LIMIT else None)
-
-
-@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
-@pytest.mark.parametrize("size", [LIMIT - 1, LIMIT, LIMIT + 1])
-def test_a_body_is_inflated_up_to_the_limit_and_no_further(encoding, size):
-    plain = bytes(i % 7 for i in range(size))
-    encoded = gzip.compress(plain) if encoding == "gzip" else zlib.compress(plain)
-    request = tutils.treq(content=encoded, headers=((b"content-encoding", encoding.encode()),))
-    assert bodylimit.decoded_body(request, LIMIT) == ((plain, True) if size <= LIMIT else (encoded, False))
 
 
 class _Journals:
