@@ -76,7 +76,7 @@ _PROBLEMS = {
 }
 
 
-def decide(blocker: Blocker | None, after_success: AfterSuccess) -> RetryDecision:
+def decide_retry(blocker: Blocker | None, after_success: AfterSuccess) -> RetryDecision:
     if blocker is None:
         explanation = (
             "no open receipt and no recent success for this request (or a later PUT, PATCH or DELETE to its target "

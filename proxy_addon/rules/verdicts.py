@@ -23,7 +23,7 @@ def is_success(status: int) -> bool:
     return 200 <= status < 300 or status == SEE_OTHER
 
 
-def classify_outcome(result: SendResult, policy: HostPolicy, rule: OperationRule | None) -> Verdict:
+def send_verdict(result: SendResult, policy: HostPolicy, rule: OperationRule | None) -> Verdict:
     """2xx and 303 succeeded; the host's unknown statuses, timeouts and resets outcome_unknown; never-sent and
     every other status rejected. An answer that came before the upstream had read the whole request (an early
     413 or 401, then a reset) is an answer like any other: the sender read it."""

@@ -309,7 +309,7 @@ VALID_DOCUMENT = {
         "api.example.com:8443": {"after_success": {"policy": "allow", "window": 0}},
     },
     "proxy": {"methods": ["POST", "DELETE"], "fail_open": False, "max_stored_body": "64KiB", "heartbeat_interval": "5s",
-              "instance_dead_after": "15s", "journal_threads": 4},
+              "instance_dead_after": "15s", "database_threads": 4},
     "reconcile": {"interval": "10s", "lease": "60s", "concurrency": 2, "per_host_rate": 5.0, "batch_size": 10, "backoff": "5s"},
     "admin": {"enabled": False, "listen_host": "127.0.0.1", "listen_port": 8081, "token_env": "RECEIPTS_ADMIN_TOKEN"},
     "logging": {"level": "info", "format": "json"},
