@@ -7,10 +7,9 @@ from mitmproxy.net import encoding as mitm_encoding
 
 from proxy_addon.config import HostPolicy
 from proxy_addon.request.sender import SendEnd, SendResult
-from proxy_addon.rules.fingerprint import redact_document, redact_header_list
 from proxy_addon.rules.operations import OperationRule
 from proxy_addon.rules.records import Verdict
-from proxy_addon.rules.redaction import error_text
+from proxy_addon.rules.redaction import error_text, redact_document, redact_header_list
 from proxy_addon.rules.states import State
 from proxy_addon.units import compile_jsonpath
 

@@ -33,8 +33,9 @@ from proxy_addon.config import DEFAULT_REDACT_FIELDS, ReceiptsConfig, parse_conf
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.request.facts import RequestFacts
 from proxy_addon.rules.account import AccountHasher
-from proxy_addon.rules.fingerprint import REDACTED, analyse_body, intent_fingerprint
+from proxy_addon.rules.fingerprint import analyse_body, intent_fingerprint
 from proxy_addon.rules.intent import build_intent
+from proxy_addon.rules.redaction import REDACTED
 from proxy_addon.rules.states import State
 from proxy_addon.store.receipts import receipts, transitions
 
