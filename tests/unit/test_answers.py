@@ -7,7 +7,7 @@ import json
 import pytest
 
 from proxy_addon.request import answers
-from proxy_addon.request.sender import UpstreamAnswer
+from proxy_addon.request.sender import UpstreamResponse
 
 
 def document(a: answers.Answer) -> dict:
@@ -56,7 +56,7 @@ def test_exact_keeps_names_order_and_repeats_and_only_its_own_content_length():
 
 
 def test_the_upstreams_answer_goes_out_as_it_came_with_its_reason_phrase():
-    upstream = UpstreamAnswer(418, "I'm a teapot", [(b"Content-Encoding", b"gzip"), (b"X-A", b"1")], b"\x1f\x8b..")
+    upstream = UpstreamResponse(418, "I'm a teapot", [(b"Content-Encoding", b"gzip"), (b"X-A", b"1")], b"\x1f\x8b..")
     a = answers.from_upstream(upstream)
     assert (a.status, a.reason, a.body) == (418, "I'm a teapot", b"\x1f\x8b..")
     assert list(a.headers) == [(b"Content-Encoding", b"gzip"), (b"X-A", b"1"), (b"content-length", b"4")]

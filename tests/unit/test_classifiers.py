@@ -1,5 +1,5 @@
 """The pure decisions, table by table: how a send ended (sender.classify_exception), what that makes of the
-receipt (verdicts.classify_outcome) and what of an answer is kept (verdicts.storable_response). What a request
+receipt (verdicts.send_verdict) and what of an answer is kept (verdicts.storable_response). What a request
 gets when an earlier receipt stands in its way: test_duplicates.py."""
 
 import gzip
@@ -9,10 +9,10 @@ import h11
 import pytest
 
 from proxy_addon.config import parse_config
-from proxy_addon.request.sender import SendEnd, SendResult, UpstreamAnswer, classify_exception
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse, classify_exception
 from proxy_addon.rules.operations import OperationRule
 from proxy_addon.rules.states import State
-from proxy_addon.rules.verdicts import classify_outcome, storable_response
+from proxy_addon.rules.verdicts import send_verdict, storable_response
 
 POLICY = parse_config("hosts: {}").policy_for("api.example.com", 443)
 
@@ -35,7 +35,7 @@ def test_classify_exception_by_whether_a_byte_may_have_been_written(exc, written
 
 
 def answered(status: int, body: bytes = b"{}", headers: list[tuple[bytes, bytes]] | None = None) -> SendResult:
-    return SendResult(SendEnd.ANSWERED, UpstreamAnswer(status, "", headers or [(b"content-type", b"application/json")], body))
+    return SendResult(SendEnd.ANSWERED, UpstreamResponse(status, "", headers or [(b"content-type", b"application/json")], body))
 
 
 @pytest.mark.parametrize(
@@ -55,14 +55,14 @@ def answered(status: int, body: bytes = b"{}", headers: list[tuple[bytes, bytes]
     ],
 )
 def test_classify_outcome(result, state, error_code, status):
-    verdict = classify_outcome(result, POLICY, None)
+    verdict = send_verdict(result, POLICY, None)
     assert (verdict.state, verdict.error_code, verdict.status_code) == (state, error_code, status)
 
 
 def test_the_hosts_unknown_statuses_decide_what_is_unknown():
     policy = parse_config("hosts: {api.example.com: {unknown_statuses: [502]}}").policy_for("api.example.com", 443)
-    assert classify_outcome(answered(500), policy, None).state == State.REJECTED
-    assert classify_outcome(answered(502), policy, None).state == State.OUTCOME_UNKNOWN
+    assert send_verdict(answered(500), policy, None).state == State.REJECTED
+    assert send_verdict(answered(502), policy, None).state == State.OUTCOME_UNKNOWN
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_the_hosts_unknown_statuses_decide_what_is_unknown():
 )
 def test_the_external_id_comes_from_the_rule(spec, result, external_id):
     rule = OperationRule(name="create", method="POST", path="/things", external_id=spec)
-    assert classify_outcome(result, POLICY, rule).external_id == external_id
+    assert send_verdict(result, POLICY, rule).external_id == external_id
 
 
 def test_a_json_answer_with_a_secret_is_stored_redacted_and_others_as_they_came():

@@ -39,7 +39,7 @@ REPLAY = AfterSuccess(policy="replay", window="15m")
 REFUSE = AfterSuccess(policy="refuse", window="15m")
 
 
-# -- decide -----------------------------------------------------------------------------------------------------
+# -- decide_retry -----------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ REFUSE = AfterSuccess(policy="refuse", window="15m")
     ids=["nothing-in-the-way", "open", "success-replayed", "success-refused", "success-without-answer", "key-reused"],
 )
 def test_the_duplicate_decision(blocker, after_success, decision, reason, status, problem):
-    got = duplicates.decide(blocker, after_success)
+    got = duplicates.decide_retry(blocker, after_success)
     assert (got.decision, got.reason, got.status, got.problem) == (decision, reason, status, problem)
     document = got.document()
     assert document["blocking_operation_id"] == (blocker.receipt.operation_id if blocker else None)
@@ -71,14 +71,14 @@ def test_the_duplicate_decision(blocker, after_success, decision, reason, status
 
 def test_a_replayed_decisions_status_is_the_stored_answers_not_a_409():
     for status in (200, 201, 202, 204, 303):
-        decision = duplicates.decide(Blocker(BlockKind.SUCCEEDED, replace(SUCCESS, status_code=status)), REPLAY)
+        decision = duplicates.decide_retry(Blocker(BlockKind.SUCCEEDED, replace(SUCCESS, status_code=status)), REPLAY)
         assert decision.decision == "replayed" and decision.status == status and decision.problem is None
 
 
 def test_a_success_that_blocks_ends_its_window_by_the_hosts_after_success():
-    decision = duplicates.decide(Blocker(BlockKind.SUCCEEDED, SUCCESS), AfterSuccess(policy="refuse", window="90s"))
+    decision = duplicates.decide_retry(Blocker(BlockKind.SUCCEEDED, SUCCESS), AfterSuccess(policy="refuse", window="90s"))
     assert decision.until == SUCCESS.completed_at + timedelta(seconds=90)
-    no_end = duplicates.decide(Blocker(BlockKind.SUCCEEDED, replace(SUCCESS, completed_at=None)), REFUSE)
+    no_end = duplicates.decide_retry(Blocker(BlockKind.SUCCEEDED, replace(SUCCESS, completed_at=None)), REFUSE)
     assert no_end.until is None and no_end.reason == RefusalReason.DUPLICATE_SUCCEEDED_REFUSE
 
 
@@ -86,14 +86,14 @@ def test_an_open_blocker_is_refused_whatever_the_after_success_policy():
     """after_success is about successes: an open receipt blocks under replay, refuse and allow alike."""
     blocker = Blocker(BlockKind.OPEN, receipt(State.SUBMITTED, None))
     for policy in ("replay", "refuse", "allow"):
-        got = duplicates.decide(blocker, AfterSuccess(policy=policy))
+        got = duplicates.decide_retry(blocker, AfterSuccess(policy=policy))
         assert (got.decision, got.reason, got.until) == ("refused", RefusalReason.DUPLICATE_OPEN, None)
 
 
 def test_the_explanation_says_why_a_success_under_replay_was_refused():
-    unreplayable = duplicates.decide(Blocker(BlockKind.SUCCEEDED, replace(SUCCESS, response_body_truncated=True)), REPLAY)
+    unreplayable = duplicates.decide_retry(Blocker(BlockKind.SUCCEEDED, replace(SUCCESS, response_body_truncated=True)), REPLAY)
     assert "no answer that can be replayed" in unreplayable.explanation
-    refused = duplicates.decide(Blocker(BlockKind.SUCCEEDED, SUCCESS), REFUSE)
+    refused = duplicates.decide_retry(Blocker(BlockKind.SUCCEEDED, SUCCESS), REFUSE)
     assert SUCCESS.operation_id in refused.explanation and "replayed" not in refused.explanation
 
 
@@ -168,19 +168,19 @@ def problem_of(answer: answers.Answer) -> dict:
 
 
 def test_a_refusal_answer_names_the_blocking_receipt_and_a_replay_says_so():
-    replay = duplicates.refusal_answer(duplicates.decide(Blocker(BlockKind.SUCCEEDED, SUCCESS), REPLAY), None)
+    replay = duplicates.refusal_answer(duplicates.decide_retry(Blocker(BlockKind.SUCCEEDED, SUCCESS), REPLAY), None)
     assert replay.status == 201 and replay.body == b'{"id":1}'
     assert replay.header(answers.REPLAYED_HEADER) == "true" and replay.header(answers.RECEIPT_ID_HEADER) == SUCCESS.operation_id
     assert replay.header("content-length") == "8"
     open_one = receipt(State.MANUAL_REVIEW, None)
-    refused = duplicates.refusal_answer(duplicates.decide(Blocker(BlockKind.OPEN, open_one), REPLAY), None)
+    refused = duplicates.refusal_answer(duplicates.decide_retry(Blocker(BlockKind.OPEN, open_one), REPLAY), None)
     assert refused.status == 409 and json.loads(refused.body)["operation_id"] == open_one.operation_id
     assert refused.header(answers.RECEIPT_STATE_HEADER) == "manual_review"
 
 
 def test_a_refused_success_says_what_the_upstream_answered_and_its_external_id():
     done = replace(SUCCESS, external_id="art_42")
-    got = duplicates.refusal_answer(duplicates.decide(Blocker(BlockKind.SUCCEEDED, done), REFUSE), None)
+    got = duplicates.refusal_answer(duplicates.decide_retry(Blocker(BlockKind.SUCCEEDED, done), REFUSE), None)
     document = problem_of(got)
     assert got.status == 409 and document["type"].endswith(":duplicate-succeeded")
     assert (document["upstream_status"], document["external_id"], document["state"]) == (201, "art_42", "succeeded")
@@ -189,7 +189,7 @@ def test_a_refused_success_says_what_the_upstream_answered_and_its_external_id()
 
 def test_a_reused_key_is_a_422_that_quotes_the_key():
     blocker = Blocker(BlockKind.KEY_MISMATCH, SUCCESS)
-    got = duplicates.refusal_answer(duplicates.decide(blocker, REPLAY), "key-123")
+    got = duplicates.refusal_answer(duplicates.decide_retry(blocker, REPLAY), "key-123")
     document = problem_of(got)
     assert got.status == 422 and document["type"].endswith(":idempotency-key-mismatch")
     assert "'key-123'" in document["detail"] and document["operation_id"] == SUCCESS.operation_id
@@ -198,7 +198,7 @@ def test_a_reused_key_is_a_422_that_quotes_the_key():
 def test_a_repeat_that_waited_for_an_original_now_unknown_gets_the_originals_504():
     """In effect it is the same call as the original, whose outcome is unknown: a 409 would say less."""
     unknown = receipt(State.OUTCOME_UNKNOWN, 503)
-    decision = duplicates.decide(Blocker(BlockKind.OPEN, unknown), REPLAY)
+    decision = duplicates.decide_retry(Blocker(BlockKind.OPEN, unknown), REPLAY)
     waited = duplicates.refusal_answer(decision, None, waited=True)
     document = problem_of(waited)
     assert waited.status == 504 and document["type"].endswith(":outcome-unknown")
@@ -209,6 +209,6 @@ def test_a_repeat_that_waited_for_an_original_now_unknown_gets_the_originals_504
 
 def test_a_repeat_that_waited_and_gave_up_while_the_original_is_still_in_flight_is_a_409():
     in_flight = receipt(State.SUBMITTED, None)
-    got = duplicates.refusal_answer(duplicates.decide(Blocker(BlockKind.OPEN, in_flight), REPLAY), None, waited=True)
+    got = duplicates.refusal_answer(duplicates.decide_retry(Blocker(BlockKind.OPEN, in_flight), REPLAY), None, waited=True)
     assert got.status == 409 and problem_of(got)["type"].endswith(":duplicate-open")
     assert got.header(answers.RECEIPT_STATE_HEADER) == "submitted"
