@@ -1,0 +1,105 @@
+"""The Heartbeat addon (addons/heartbeat.py) on a real SQLite journal: at start it registers this instance and
+recovers the dead ones' receipts; while it runs it settles this instance's own orphans and leaves the requests
+still working alone; when it is done the instance is stopped, so that another recovers what it left. Which
+instance is dead, and what recovery writes: test_recovery.py."""
+
+import asyncio
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from support.e2e import migrate
+from support.store import S, intent, recorded, walk
+
+from proxy_addon.addons.heartbeat import Heartbeat
+from proxy_addon.config import parse_config
+from proxy_addon.db import make_engine
+from proxy_addon.recovery import InstanceLiveness, process_namespace
+from proxy_addon.store import ReceiptStore
+
+HOUR = 3600.0
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("heartbeat") / "template.db"
+    migrate(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def store(template: Path, tmp_path: Path) -> Iterator[ReceiptStore]:
+    path = tmp_path / "receipts.db"
+    shutil.copyfile(template, path)
+    engine = make_engine(f"sqlite:///{path}")
+    yield ReceiptStore(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def executor() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(2) as pool:
+        yield pool
+
+
+def journal_state(store: ReceiptStore, executor: ThreadPoolExecutor, in_flight: set[str]) -> SimpleNamespace:
+    """The Receipts addon as Heartbeat sees it (addons/state.py, ReceiptsState): configured, with a handler whose
+    in-flight set is this one."""
+    config = parse_config("proxy: {heartbeat_interval: 1h, instance_dead_after: 1h}")
+    return SimpleNamespace(config=config, store=store, executor=executor, handler=SimpleNamespace(in_flight=in_flight),
+                           instance_id="me", journal=None)
+
+
+def at(store: ReceiptStore, instance: str, state: S) -> str:
+    op = recorded(store, intent(proxy_instance=instance)).operation_id
+    walk(store, op, state)
+    return op
+
+
+async def until(done: Callable[[], bool], within: float = 10.0) -> None:
+    """Poll (bounded) for what a task does on its own."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not done():
+        assert loop.time() < deadline, "not done in time"
+        await asyncio.sleep(0.005)
+
+
+def test_it_registers_recovers_the_dead_settles_its_orphans_and_stops(store, executor):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    store.instances.register("killed", process_namespace(), dead.pid)
+    killed_op = at(store, "killed", S.SUBMITTED)
+    working, orphan = at(store, "me", S.SUBMITTED), at(store, "me", S.SUBMITTED)
+    heartbeat = Heartbeat(journal_state(store, executor, {working}))
+
+    async def life() -> None:
+        await heartbeat.running()
+        assert store.receipts.get(killed_op).state == "outcome_unknown"  # recovered before it goes on
+        assert ("me", os.getpid()) in store.instances.on_host(process_namespace())
+        await until(lambda: store.receipts.get(orphan).state == "outcome_unknown")
+        assert store.receipts.get(working).state == "submitted"
+        await heartbeat.done()
+
+    asyncio.run(life())
+    assert heartbeat._task is not None and heartbeat._task.cancelled()
+    left = at(store, "me", S.PLANNED)  # written after it stopped: what another instance must settle
+    assert InstanceLiveness(store, "other", 1.0, HOUR).sweep() == 2  # `working` and `left`: `me` stopped
+    assert (store.receipts.get(working).state, store.receipts.get(left).state) == ("outcome_unknown", "rejected")
+
+
+def test_before_the_journal_is_configured_it_does_nothing():
+    unconfigured = SimpleNamespace(config=None, store=None, executor=None, handler=None, instance_id="me", journal=None)
+    heartbeat = Heartbeat(unconfigured)
+
+    async def life() -> None:
+        await heartbeat.running()
+        await heartbeat.done()
+
+    asyncio.run(life())
+    assert heartbeat.liveness is None and heartbeat._task is None
