@@ -1,9 +1,11 @@
-"""What the admin server's views share: problem answers, JSON, list filters, and the page's formatting filters."""
+"""What the admin server's views share: problem answers (and `ProblemView`, their schema), JSON, list filters,
+and the page's formatting filters."""
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from flask import Response, request
+from pydantic import BaseModel, ConfigDict
 
 from proxy_addon.exceptions import (
     BadRequest,
@@ -38,8 +40,19 @@ def status_of(e: ReceiptsError) -> tuple[int, str]:
     return 503, "journal-unavailable"
 
 
+class ProblemView(BaseModel):
+    """RFC 9457 problem details"""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    title: str
+    status: int
+    detail: str
+
+
 def problem(status: int, kind: str, title: str, detail: str) -> Response:
-    body = {"type": PROBLEM_BASE + kind, "title": title, "status": status, "detail": detail}
+    body = ProblemView(type=PROBLEM_BASE + kind, title=title, status=status, detail=detail).model_dump()
     return Response(documents.dumps(body), status=status, content_type=PROBLEM_CONTENT_TYPE)
 
 

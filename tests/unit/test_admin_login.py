@@ -13,7 +13,7 @@ from support.proxy import REPO
 
 from proxy_addon.addons.admin import InProxyAdmin
 from proxy_addon.admin.app import create_app
-from proxy_addon.admin.guards import LOGIN_COOKIE, LoginSessions, safe_next
+from proxy_addon.admin.sessions import LOGIN_COOKIE, LoginSessions, safe_next
 from proxy_addon.config import parse_config
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import ConfigError
