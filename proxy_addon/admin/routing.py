@@ -3,7 +3,7 @@ document says of it (summary, parameters, request body, answers), written once b
 
 A route module makes a `Routes` and decorates its views with `api(...)` (part of the API document) or `page(...)`
 (for people: not in it). `create_app` installs every module's routes; admin/openapi.py reads the app's URL map
-back, so a route cannot be served without being described, nor described without being served.
+back, so what the document describes is what the app serves (and the tests refuse a route declared neither way).
 Views find the store, the config and the login state in `admin()`, the app's `AdminContext`.
 """
 
