@@ -38,7 +38,7 @@ from proxy_addon.recovery import new_instance_id
 from proxy_addon.request import answers, bodylimit
 from proxy_addon.request.answers import Answer
 from proxy_addon.request.facts import RequestFacts, split_query
-from proxy_addon.request.handler import JournalHandler
+from proxy_addon.request.handler import WriteHandler
 from proxy_addon.request.sender import TLSSettings, UpstreamSender
 from proxy_addon.rules.account import AccountHasher, load_or_create_key
 from proxy_addon.store import ReceiptStore
@@ -55,7 +55,7 @@ class Receipts:
     def __init__(self) -> None:
         self.config: ReceiptsConfig | None = None
         self.store: ReceiptStore | None = None
-        self.handler: JournalHandler | None = None
+        self.handler: WriteHandler | None = None
         self.executor: ThreadPoolExecutor | None = None
         self.journal: JournalClient | None = None
         self.writer: Callable[[], WriterLink] = WriterProcess  # the journal writer: a process of its own
@@ -123,8 +123,8 @@ class Receipts:
         if engine.dialect.name == "sqlite":
             self.store.db.enable_group_commit()  # one writer at a time: see store/group_commit.py
         if self.executor is None:
-            self.executor = ThreadPoolExecutor(config.proxy.journal_threads, thread_name_prefix="receipts-journal")
-        self.handler = JournalHandler(
+            self.executor = ThreadPoolExecutor(config.proxy.database_threads, thread_name_prefix="receipts-database")
+        self.handler = WriteHandler(
             config, self.store, self.journal, AccountHasher(key), _sender(), self.executor, self.instance_id
         )
 

@@ -7,7 +7,7 @@ from mitmproxy import http
 
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.journal.client import JournalClient
-from proxy_addon.request.handler import JournalHandler
+from proxy_addon.request.handler import WriteHandler
 from proxy_addon.store import ReceiptStore
 
 
@@ -19,7 +19,7 @@ class ReceiptsState(Protocol):
     @property
     def store(self) -> ReceiptStore | None: ...
     @property
-    def handler(self) -> JournalHandler | None: ...
+    def handler(self) -> WriteHandler | None: ...
     @property
     def executor(self) -> Executor | None: ...
     @property

@@ -41,10 +41,10 @@ from proxy_addon.protocols.rest import REST
 from proxy_addon.request import answers
 from proxy_addon.request.answers import Answer
 from proxy_addon.request.sender import SendResult
-from proxy_addon.rules.fingerprint import REDACTED, BodyIdentity, canonical_json, process_keyed
+from proxy_addon.rules.fingerprint import BodyIdentity, canonical_json, process_keyed
 from proxy_addon.rules.operations import OperationRule
 from proxy_addon.rules.records import Verdict
-from proxy_addon.rules.redaction import is_secret_field
+from proxy_addon.rules.redaction import REDACTED, is_secret_field
 from proxy_addon.rules.states import State
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ class ReadOutcome:
     external_id: str | None = None
 
 
-def decide(
+def read_verdict(
     receipt: ReceiptRecord, rule: ReconcileRule, retry_safe: bool, outcome: ReadOutcome, now: datetime, backoff: float
 ) -> Verdict:
     """The verdict for one read, with the evidence for the history."""

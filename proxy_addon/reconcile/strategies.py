@@ -24,10 +24,10 @@ from proxy_addon.reconcile.rules import (
     request_document,
 )
 from proxy_addon.request.sender import HOP_BY_HOP
-from proxy_addon.rules.fingerprint import REDACTED, canonical_json
+from proxy_addon.rules.fingerprint import canonical_json
 from proxy_addon.rules.operations import OperationRule, ReconcileRule
 from proxy_addon.rules.records import ReceiptRecord
-from proxy_addon.rules.redaction import error_text, redact_url
+from proxy_addon.rules.redaction import REDACTED, error_text, redact_url
 from proxy_addon.units import compile_jsonpath
 
 

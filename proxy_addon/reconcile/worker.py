@@ -21,7 +21,7 @@ from proxy_addon.config import ReceiptsConfig
 from proxy_addon.exceptions import ReadNotPossible, StaleStateError, UnreadableRule
 from proxy_addon.log import configure_logging, get_logger
 from proxy_addon.protocols.routing import call_name, match_rule
-from proxy_addon.reconcile.decide import Found, ReadOutcome, decide
+from proxy_addon.reconcile.decide import Found, ReadOutcome, read_verdict
 from proxy_addon.reconcile.strategies import STRATEGIES, Reader, Strategy
 from proxy_addon.recovery import InstanceLiveness
 from proxy_addon.rules.records import ReceiptRecord, Verdict, utcnow
@@ -163,7 +163,7 @@ class Reconciler:
             outcome = ReadOutcome(Found.FAILED, {"error": f"{type(e).__name__}: {e}"[:300]})
         # database time: the retry time it writes is compared with the database's clock when claiming
         now = await asyncio.to_thread(self.store.db.now)
-        return decide(receipt, rule, op.retry_safe, outcome, now, self.settings.backoff)
+        return read_verdict(receipt, rule, op.retry_safe, outcome, now, self.settings.backoff)
 
 
 def run_reconcile(config: ReceiptsConfig, store: ReceiptStore, once: bool) -> int:

@@ -43,7 +43,7 @@ from proxy_addon.rules.intent import build_intent
 from proxy_addon.rules.operations import OperationRule
 from proxy_addon.rules.records import Intent, Verdict, new_operation_id
 from proxy_addon.rules.states import State
-from proxy_addon.rules.verdicts import classify_outcome, not_sent, storable_response
+from proxy_addon.rules.verdicts import not_sent, send_verdict, storable_response
 from proxy_addon.store import ReceiptStore
 
 log = get_logger("receipts.proxy")
@@ -57,7 +57,7 @@ INLINE_INTENT_BODY = 16 * 1024
 CLOSE_UNSENT_AT_LEAST = 0.05
 
 @dataclass(frozen=True)
-class Outcome:
+class Handled:
     """What became of one request: the answer (None: forward it without a receipt, fail open) and what the
     addon notes on the flow."""
 
@@ -65,7 +65,7 @@ class Outcome:
     note: dict[str, Any] = field(default_factory=dict)
 
 
-class JournalHandler:
+class WriteHandler:
     def __init__(
         self,
         config: ReceiptsConfig,
@@ -82,7 +82,7 @@ class JournalHandler:
         self.in_flight: set[str] = set()
         self.waiters = VerdictWaiters(lambda ids: self._on_journal_thread(self.store.receipts.states, ids))
 
-    async def handle(self, facts: RequestFacts) -> Outcome:
+    async def handle(self, facts: RequestFacts) -> Handled:
         policy = self.config.policy_for(facts.host, facts.port)
         operation_id = new_operation_id()
         self.in_flight.add(operation_id)
@@ -94,7 +94,7 @@ class JournalHandler:
         # the answers the proxy makes, in the request's own protocol (protocols/: MCP, GraphQL, JSON-RPC)
         return outcome if outcome.answer is None else replace(outcome, answer=facts.call.answer(outcome.answer))
 
-    async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Outcome:
+    async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Handled:
         agent_key = _header(facts, policy.idempotency_key_header)
         started = time.perf_counter()
         intent, rule = await self._intent(facts, policy, agent_key, operation_id)
@@ -135,10 +135,10 @@ class JournalHandler:
             log.debug("receipt_submitted", operation=intent.operation, method=facts.method, host=facts.host)
             timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline)
             result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
-            verdict = facts.call.verdict(classify_outcome(result, policy, rule), result)  # what its protocol says
+            verdict = facts.call.verdict(send_verdict(result, policy, rule), result)  # what its protocol says
             state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy)
             reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
-            return Outcome(reply, {"operation_id": operation_id, "state": state})
+            return Handled(reply, {"operation_id": operation_id, "state": state})
 
     async def _on_journal_thread[T](self, work: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
@@ -164,7 +164,7 @@ class JournalHandler:
         except TimeoutError:
             log.warning("unsent_receipt_still_closing", operation_id=operation_id)
 
-    async def _agent_left(self, operation_id: str) -> Outcome:
+    async def _agent_left(self, operation_id: str) -> Handled:
         """The agent disconnected while its receipt was being written: nobody waits for what the upstream would
         answer, so the request is not sent, and its receipt is closed as not sent."""
         closed = not_sent(self.instance_id, "the agent disconnected before its receipt was written, so the request was not sent")
@@ -174,7 +174,7 @@ class JournalHandler:
             log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
         log.info("request_not_sent_agent_left", operation_id=operation_id)
         answer = answers.with_receipt(answers.not_sent(operation_id, "The agent disconnected"), operation_id, State.REJECTED.value)
-        return Outcome(answer, {"operation_id": operation_id, "state": State.REJECTED.value, "refused": "agent_left"})
+        return Handled(answer, {"operation_id": operation_id, "state": State.REJECTED.value, "refused": "agent_left"})
 
     def _abandon_unsent(self, operation_id: str) -> None:
         """The writer died before it answered: the receipt may have been committed, and the request will not be
@@ -190,15 +190,15 @@ class JournalHandler:
         except ReceiptsError as e:
             log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
 
-    def _refuse(self, e: DuplicateIntentError, policy: HostPolicy, agent_key: str | None, waited: bool) -> Outcome:
-        decision = duplicates.decide(e.blocker, policy.after_success)
+    def _refuse(self, e: DuplicateIntentError, policy: HostPolicy, agent_key: str | None, waited: bool) -> Handled:
+        decision = duplicates.decide_retry(e.blocker, policy.after_success)
         assert decision.reason is not None
         reason = decision.reason.value
         log.info("request_refused", reason=reason, operation_id=e.operation_id, state=e.state, waited=waited)
         metrics.duplicate_refused(reason)
         self._note_refusal(reason, e)
         answer = duplicates.refusal_answer(decision, agent_key, waited)
-        return Outcome(answer, {"operation_id": e.operation_id, "refused": reason})
+        return Handled(answer, {"operation_id": e.operation_id, "refused": reason})
 
     def _note_refusal(self, reason: str, e: DuplicateIntentError) -> None:
         """Record the refusal on a journal thread, not awaited: it never delays nor fails the answer."""
@@ -214,7 +214,7 @@ class JournalHandler:
         except RuntimeError as exc:  # the pool is shutting down
             log.error("refusal_not_recorded", reason=reason, operation_id=e.operation_id, error=str(exc))
 
-    def _journal_down(self, e: JournalUnavailableError, facts: RequestFacts) -> Outcome:
+    def _journal_down(self, e: JournalUnavailableError, facts: RequestFacts) -> Handled:
         if self.config.proxy.fail_open:
             log.error(
                 "journal_unavailable_forwarding_without_receipt",
@@ -223,9 +223,9 @@ class JournalHandler:
                 host=facts.host,
                 fail_open=True,
             )
-            return Outcome(None, {"fail_open": True})
+            return Handled(None, {"fail_open": True})
         log.error("journal_unavailable_request_refused", error=str(e), method=facts.method, host=facts.host)
-        return Outcome(answers.journal_unavailable(str(e)), {"refused": "journal_unavailable"})
+        return Handled(answers.journal_unavailable(str(e)), {"refused": "journal_unavailable"})
 
     # -- 3. the verdict -----------------------------------------------------------------------------------------
 

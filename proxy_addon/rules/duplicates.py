@@ -24,8 +24,8 @@ from typing import Any, Literal
 from proxy_addon.config import AfterSuccess
 from proxy_addon.request import answers
 from proxy_addon.request.answers import Answer
-from proxy_addon.rules.fingerprint import REDACTED
 from proxy_addon.rules.records import Blocker, BlockKind, ReceiptRecord
+from proxy_addon.rules.redaction import REDACTED
 from proxy_addon.rules.states import IN_FLIGHT_STATES, RefusalReason, State
 from proxy_addon.rules.verdicts import is_success
 
@@ -76,7 +76,7 @@ _PROBLEMS = {
 }
 
 
-def decide(blocker: Blocker | None, after_success: AfterSuccess) -> RetryDecision:
+def decide_retry(blocker: Blocker | None, after_success: AfterSuccess) -> RetryDecision:
     if blocker is None:
         explanation = (
             "no open receipt and no recent success for this request (or a later PUT, PATCH or DELETE to its target "

@@ -261,11 +261,6 @@ def _multipart_identity(content_type: str, body: bytes, redact_fields: frozenset
     )
 
 
-def redact_document(value: Any, redact_fields: frozenset[str]) -> Any:
-    """Replace the value of every secret field (rules/redaction.py says which), at any depth."""
-    return redaction.redact_document(value, redact_fields)
-
-
 def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, numbers normalised (`1`, `1.0` and `1e0` are one number)."""
     if isinstance(value, str):
@@ -331,18 +326,3 @@ def intent_fingerprint(method: str, host: str, port: int, path: str, query: list
         "body": {"kind": body.kind, "identity": body.identity},
     }
     return "sha256:" + hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-
-
-def redact_query(query: list[tuple[str, str]], redact_fields: frozenset[str]) -> list[tuple[str, str]]:
-    return redaction.redact_pairs(query, redact_fields)
-
-
-def redact_header_list(headers: list[tuple[str, str]], secret_headers: frozenset[str]) -> list[list[str]]:
-    """Headers safe to store, in order and as named: a secret one (rules/redaction.py says which) keeps its name with
-    the value replaced."""
-    return [[name, REDACTED if redaction.is_secret_header(name, secret_headers) else value] for name, value in headers]
-
-
-def redact_headers(headers: list[tuple[str, str]], secret_headers: frozenset[str]) -> dict[str, str]:
-    """A header dict safe to store: secret headers (rules/redaction.py says which) keep their name, not their value."""
-    return redaction.redact_headers(headers, secret_headers)

@@ -138,6 +138,11 @@ def redact_headers(headers: Iterable[tuple[str, str]], extra: frozenset[str] = f
     return out
 
 
+def redact_header_list(headers: Iterable[tuple[str, str]], extra: frozenset[str] = frozenset()) -> list[list[str]]:
+    """Headers safe to store, in order and as named: a secret one keeps its name with the value replaced."""
+    return [[name, REDACTED if is_secret_header(name, extra) else value] for name, value in headers]
+
+
 def redact_pairs(pairs: Iterable[tuple[str, str]], extra: frozenset[str] = frozenset()) -> list[tuple[str, str]]:
     """Query or form pairs with every secret field's value replaced."""
     return [(k, REDACTED if is_secret_field(k, extra) else v) for k, v in pairs]

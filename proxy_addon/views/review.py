@@ -106,7 +106,7 @@ def resolve(
 def retry_decision(store: ReceiptStore, config: ReceiptsConfig, receipt: ReceiptRecord) -> duplicates.RetryDecision:
     """What the proxy would do, now, with the same request again (same account, same fingerprint, no key)."""
     after_success = config.policy_for(receipt.host, receipt.port).after_success
-    return duplicates.decide(store.receipts.blocker_of(receipt, after_success), after_success)
+    return duplicates.decide_retry(store.receipts.blocker_of(receipt, after_success), after_success)
 
 
 def what_happened(r: ReceiptRecord, history: list[TransitionRecord]) -> str:

@@ -22,13 +22,12 @@ from proxy_addon.rules.fingerprint import (
     MAX_ITEMS,
     MAX_JSON_DEPTH,
     MAX_NUMBER_CHARS,
-    REDACTED,
     analyse_body,
     canonical_json,
     intent_fingerprint,
-    redact_headers,
 )
 from proxy_addon.rules.operations import FingerprintRule
+from proxy_addon.rules.redaction import REDACTED, redact_headers
 
 RF = frozenset(DEFAULT_REDACT_FIELDS)
 JSON = "application/json"

@@ -15,7 +15,7 @@ from support.e2e import migrate
 from proxy_addon.addons.receipts import METADATA_KEY, Receipts
 from proxy_addon.exceptions import JournalUnavailableError
 from proxy_addon.journal.client import WriterThread
-from proxy_addon.request.sender import SendEnd, SendResult, UpstreamAnswer
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse
 from proxy_addon.store import ReceiptStore
 
 
@@ -37,7 +37,7 @@ class FakeSender:
 
 
 def created(body: bytes = b'{"id": 7}', status: int = 201) -> SendResult:
-    return SendResult(SendEnd.ANSWERED, UpstreamAnswer(status, "Created", [(b"content-type", b"application/json")], body))
+    return SendResult(SendEnd.ANSWERED, UpstreamResponse(status, "Created", [(b"content-type", b"application/json")], body))
 
 
 def post(body: bytes = b'{"title": "hello"}', method: bytes = b"POST", path: bytes = b"/api/articles") -> Any:

@@ -14,7 +14,7 @@ from support.e2e import migrate
 
 from proxy_addon.addons.passthrough import PASSES_KEY, Passthrough
 from proxy_addon.addons.receipts import METADATA_KEY, Receipts
-from proxy_addon.request.sender import SendEnd, SendResult, UpstreamAnswer
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse
 from proxy_addon.store import ReceiptStore
 
 
@@ -114,7 +114,7 @@ def test_an_upgrade_is_left_to_mitmproxy(proxy):
 
 
 def test_a_journaled_request_is_read_whole_and_sent_by_the_handler(proxy):
-    answered = SendResult(SendEnd.ANSWERED, UpstreamAnswer(201, "Created", [(b"content-type", b"application/json")], b"{}"))
+    answered = SendResult(SendEnd.ANSWERED, UpstreamResponse(201, "Created", [(b"content-type", b"application/json")], b"{}"))
     hooks, sender = proxy(answered)
     f = hooks(flow("POST", body={"title": "a"}))
     assert f.request.stream is False and sender.sent == [b'{"title": "a"}']

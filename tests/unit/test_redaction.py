@@ -276,16 +276,16 @@ def test_random_documents_never_store_a_secret_and_their_secrets_count(case, val
 
 
 def test_the_senders_error_becomes_the_receipts_without_the_data_it_quotes():
-    """One place turns the sender's error text into the receipt's error (verdicts.classify_outcome)."""
+    """One place turns the sender's error text into the receipt's error (verdicts.send_verdict)."""
     from proxy_addon.request.sender import SendEnd, SendResult
-    from proxy_addon.rules.verdicts import classify_outcome
+    from proxy_addon.rules.verdicts import send_verdict
 
     for end in (SendEnd.NOT_SENT, SendEnd.RESET):
         result = SendResult(end, error="LocalProtocolError: Illegal header value b'Bearer s3cr3t-6d1\\x00'")
-        verdict = classify_outcome(result, POLICY, None)
+        verdict = send_verdict(result, POLICY, None)
         assert "s3cr3t-6d1" not in verdict.error_message and "Illegal header value" in verdict.error_message
     url = SendResult(SendEnd.NOT_SENT, error="ValueError: no host in 'http://user:pw-6d1@/x?access_token=t-6d1'")
-    assert "6d1" not in classify_outcome(url, POLICY, None).error_message
+    assert "6d1" not in send_verdict(url, POLICY, None).error_message
 
 
 def test_structlog_lines_are_scrubbed():
