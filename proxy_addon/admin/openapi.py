@@ -1,297 +1,156 @@
-"""The OpenAPI 3.1 document of the admin server's JSON API (served at /openapi.json); the receipt's schema is
-generated from documents.ReceiptView, the journaled request's and the stored answer's from journaled.RequestView
-and journaled.ResponseView, the rest written here."""
+"""The OpenAPI 3.1 document of the admin server's JSON API (served at /openapi.json), built from the app itself:
+its URL map gives the paths and methods, each route's declaration (admin/routing.py, beside its view) the
+summary, parameters and answers, and the view models (views/documents.py, views/review.py, views/journaled.py,
+the request body's model) every schema, through pydantic. Nothing is described twice, so the document cannot
+drift from what the server serves.
+"""
 
-from typing import Any
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
 
-from pydantic.json_schema import models_json_schema
+from flask import Flask
+from pydantic import BaseModel, TypeAdapter
+from werkzeug.routing import Rule
 
-from proxy_addon.rules.states import RESOLUTION_STATES, State
-from proxy_addon.views.documents import ReceiptView
-from proxy_addon.views.journaled import RequestView, ResponseView
+from proxy_addon.admin.guards import ANSWERS
+from proxy_addon.admin.routing import Operation, Param, Reply, declared_routes
 
-_STATES = [s.value for s in State]
-_TIME = {"type": "string", "format": "date-time"}
-_TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
-_TEXT_OR_NULL = {"type": ["string", "null"]}
-_INT_OR_NULL = {"type": ["integer", "null"]}
-
-
-
-def _receipt_properties() -> dict[str, Any]:
-    """The `Receipt` schema's properties, generated from the one definition of the public shape."""
-    schema = ReceiptView.model_json_schema(ref_template="#/components/schemas/{model}")
-    return {name: {k: v for k, v in prop.items() if k != "title"} for name, prop in schema["properties"].items()}
-
-
-_RECEIPT_PROPERTIES = _receipt_properties()
-
-
-def _untitled(schema: Any) -> Any:
-    """A generated schema without pydantic's `title`s (the names are the components' own)."""
-    if isinstance(schema, dict):
-        return {k: _untitled(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
-    if isinstance(schema, list):
-        return [_untitled(v) for v in schema]
-    return schema
-
-
-def _view_schemas() -> dict[str, Any]:
-    """`RequestView`, `ResponseView` and the `BodyView` they hold, generated from their one definition."""
-    _, top = models_json_schema(
-        [(RequestView, "serialization"), (ResponseView, "serialization")], ref_template="#/components/schemas/{model}"
-    )
-    return {name: _untitled(schema) for name, schema in top["$defs"].items()}
-
-
-_VIEW_SCHEMAS = _view_schemas()
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
-
-
-def _problem(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/problem+json": {"schema": _ref("Problem")}}}
-
-
-_ID_PARAM = {
-    "name": "operation_id",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-    "description": "the receipt's id (X-Receipt-Id on the proxy's answer)",
+REF = "#/components/schemas/{model}"
+# the schemas' names in the document, where the model's own name is not the one clients know
+SCHEMA_NAMES = {
+    "ReceiptView": "Receipt",
+    "ShowView": "ReceiptWithHistory",
+    "TransitionView": "Transition",
+    "ProofView": "Proof",
+    "RetryView": "RetryDecision",
+    "ProblemView": "Problem",
 }
-_UNAUTHORIZED = _problem("a token is configured and none (or a wrong one) was sent")
-_NOT_FOUND = _problem("no receipt has this id")
+INFO = {
+    "title": "receipts admin API",
+    "version": "1",
+    "summary": "Receipts of the writes AI agents made through the receipts proxy, and a person's verdicts.",
+    "description": (
+        "Served by the admin server (`admin.enabled: true`, or `receipts admin`). When a token is "
+        "configured (the environment variable named by `admin.token_env`), every request needs "
+        "`Authorization: Bearer <token>`. Times are UTC, RFC 3339."
+    ),
+}
+Mode = Literal["validation", "serialization"]
 
 
-def openapi_document() -> dict[str, Any]:
+def _component(name: str) -> str:
+    return SCHEMA_NAMES.get(name, name)
+
+
+def _clean(schema: Any) -> Any:
+    """A generated schema without pydantic's `title`s (the names are the components' own), its references
+    under the components' names."""
+    if isinstance(schema, list):
+        return [_clean(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    cleaned = {k: _clean(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
+    ref = cleaned.get("$ref")
+    if isinstance(ref, str) and ref.startswith(REF.format(model="")):
+        cleaned["$ref"] = REF.format(model=_component(ref.rsplit("/", 1)[1]))
+    return cleaned
+
+
+class Components:
+    """The schemas the operations refer to, generated from their types as the operations name them."""
+
+    def __init__(self) -> None:
+        self.schemas: dict[str, Any] = {}
+
+    def _add(self, name: str, schema: Any) -> None:
+        name, schema = _component(name), _clean(schema)
+        if self.schemas.setdefault(name, schema) != schema:
+            raise ValueError(f"two different schemas named {name}")
+
+    def schema_of(self, body: Any, mode: Mode) -> dict[str, Any]:
+        """A JSON schema as it is, a model as a reference to its component, any other type inline."""
+        if isinstance(body, Mapping):
+            return dict(body)
+        if isinstance(body, type) and issubclass(body, BaseModel):
+            generated = body.model_json_schema(ref_template=REF, mode=mode)
+            for name, schema in generated.pop("$defs", {}).items():
+                self._add(name, schema)
+            self._add(body.__name__, generated)
+            return {"$ref": REF.format(model=_component(body.__name__))}
+        generated = TypeAdapter(body).json_schema(ref_template=REF, mode=mode)
+        for name, schema in generated.pop("$defs", {}).items():
+            self._add(name, schema)
+        return _clean(generated)
+
+
+def openapi_path(rule: Rule) -> str:
+    """`/receipts/<operation_id>` -> `/receipts/{operation_id}`."""
+    return re.sub(r"<(?:[^<>:]+:)?([^<>]+)>", r"{\1}", rule.rule)
+
+
+def api_operations(app: Flask) -> Iterator[tuple[str, str, Operation]]:
+    """(path, method, operation) of every API route the app serves, in the URL map's order."""
+    routes = declared_routes(app)
+    for rule in app.url_map.iter_rules():
+        route = routes.get(rule.endpoint)
+        if route is None or route.operation is None:
+            continue
+        declared = {p.name for p in route.operation.parameters if p.where == "path"}
+        if declared != set(rule.arguments):
+            raise ValueError(f"{rule.rule}: path parameters {sorted(rule.arguments)}, declared {sorted(declared)}")
+        for method in route.methods:
+            yield openapi_path(rule), method.lower(), route.operation
+
+
+def parameter_document(p: Param) -> dict[str, Any]:
+    document: dict[str, Any] = {"name": p.name, "in": p.where}
+    if p.description is not None:
+        document["description"] = p.description
+    if p.where == "path":
+        document["required"] = True
+    document["schema"] = dict(p.schema)
+    if p.style is not None:
+        document["style"] = p.style
+    if p.explode is not None:
+        document["explode"] = p.explode
+    return document
+
+
+def reply_document(reply: Reply, components: Components) -> dict[str, Any]:
+    if reply.body is None:
+        return {"description": reply.description}
+    schema = components.schema_of(reply.body, "serialization")
+    return {"description": reply.description, "content": {reply.media_type: {"schema": schema}}}
+
+
+def operation_document(op: Operation, components: Components) -> dict[str, Any]:
+    document: dict[str, Any] = {"operationId": op.operation_id, "summary": op.summary}
+    if op.description is not None:
+        document["description"] = op.description
+    if op.parameters:
+        document["parameters"] = [parameter_document(p) for p in op.parameters]
+    if op.body is not None:
+        schema = components.schema_of(op.body, "validation")
+        document["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+    replies = {**ANSWERS, **op.responses}
+    document["responses"] = {str(status): reply_document(replies[status], components) for status in sorted(replies)}
+    return document
+
+
+def openapi_document(app: Flask) -> dict[str, Any]:
+    components = Components()
+    paths: dict[str, dict[str, Any]] = {}
+    for path, method, op in api_operations(app):
+        paths.setdefault(path, {})[method] = operation_document(op, components)
     return {
         "openapi": "3.1.0",
-        "info": {
-            "title": "receipts admin API",
-            "version": "1",
-            "summary": "Receipts of the writes AI agents made through the receipts proxy, and a person's verdicts.",
-            "description": (
-                "Served by the admin server (`admin.enabled: true`, or `receipts admin`). When a token is "
-                "configured (the environment variable named by `admin.token_env`), every request needs "
-                "`Authorization: Bearer <token>`. Times are UTC, RFC 3339."
-            ),
-        },
+        "info": INFO,
         "servers": [{"url": "/"}],
         "security": [{}, {"bearerToken": []}],
-        "paths": {
-            "/receipts": {
-                "get": {
-                    "operationId": "listReceipts",
-                    "summary": "Receipts, newest first (the shape of `receipts ls --json`)",
-                    "parameters": [
-                        {
-                            "name": "state",
-                            "in": "query",
-                            "description": "a state, or `open` (every open state) or `unknown` (outcome_unknown, "
-                            "reconciling, manual_review); repeat it or separate with commas",
-                            "schema": {"type": "array", "items": {"type": "string"}},
-                            "style": "form",
-                            "explode": True,
-                        },
-                        {
-                            "name": "host",
-                            "in": "query",
-                            "description": "a host, or `host:port` (`[::1]:8080` for IPv6); without a port, every port",
-                            "schema": {"type": "string", "examples": ["api.example.com", "127.0.0.1:18112"]},
-                        },
-                        {
-                            "name": "older_than",
-                            "in": "query",
-                            "description": "only receipts created longer ago than this duration, e.g. `10m`, `2h`",
-                            "schema": {"type": "string", "examples": ["10m"]},
-                        },
-                        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 200}},
-                    ],
-                    "responses": {
-                        "200": _json({"type": "array", "items": _ref("Receipt")}, "the receipts"),
-                        "400": _problem("a parameter cannot be used (unknown state, bad duration)"),
-                        "401": _UNAUTHORIZED,
-                    },
-                }
-            },
-            "/receipts/{operation_id}": {
-                "get": {
-                    "operationId": "getReceipt",
-                    "summary": "One receipt with its whole history (the shape of `receipts show --json`)",
-                    "parameters": [_ID_PARAM],
-                    "responses": {
-                        "200": _json(_ref("ReceiptWithHistory"), "the receipt"),
-                        "401": _UNAUTHORIZED,
-                        "404": _NOT_FOUND,
-                    },
-                }
-            },
-            "/receipts/{operation_id}/proof": {
-                "get": {
-                    "operationId": "getProof",
-                    "summary": "What can the system prove happened before I act again?",
-                    "description": "The receipt's state and evidence, and what the proxy would do now with the same "
-                    "request again: forward it (a new receipt), refuse it (409) or replay the stored answer.",
-                    "parameters": [_ID_PARAM],
-                    "responses": {
-                        "200": _json(_ref("Proof"), "what is proven, and what a retry would get"),
-                        "401": _UNAUTHORIZED,
-                        "404": _NOT_FOUND,
-                    },
-                }
-            },
-            "/receipts/{operation_id}/resolve": {
-                "post": {
-                    "operationId": "resolveReceipt",
-                    "summary": "A person's verdict on a manual_review or outcome_unknown receipt (as `receipts resolve`)",
-                    "parameters": [_ID_PARAM],
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": _ref("Resolution")}},
-                    },
-                    "responses": {
-                        "200": _json(_ref("ReceiptWithHistory"), "resolved; the note is in the history"),
-                        "400": _problem("the body is not a JSON object"),
-                        "401": _UNAUTHORIZED,
-                        "404": _NOT_FOUND,
-                        "409": _problem("the receipt is not in manual_review or outcome_unknown (or changed meanwhile)"),
-                        "415": _problem("the body is not application/json"),
-                        "422": _problem("the state is not succeeded or safe_to_retry, or the note is missing"),
-                    },
-                }
-            },
-            "/metrics": {
-                "get": {
-                    "operationId": "metrics",
-                    "summary": "Prometheus metrics (text exposition format)",
-                    "responses": {
-                        "200": {"description": "the metrics", "content": {"text/plain": {"schema": {"type": "string"}}}},
-                        "401": _UNAUTHORIZED,
-                    },
-                }
-            },
-            "/openapi.json": {
-                "get": {
-                    "operationId": "openapi",
-                    "summary": "This document",
-                    "responses": {"200": _json({"type": "object"}, "the OpenAPI document"), "401": _UNAUTHORIZED},
-                }
-            },
-        },
+        "paths": paths,
         "components": {
             "securitySchemes": {"bearerToken": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "State": {"type": "string", "enum": _STATES},
-                **_VIEW_SCHEMAS,
-                "Receipt": {
-                    "type": "object",
-                    "properties": _RECEIPT_PROPERTIES,
-                    "required": list(_RECEIPT_PROPERTIES),
-                    "additionalProperties": False,
-                },
-                "Transition": {
-                    "type": "object",
-                    "properties": {
-                        "from_state": {"oneOf": [_ref("State"), {"type": "null"}]},
-                        "to_state": _ref("State"),
-                        "recorded_at": _TIME,
-                        "detail": {
-                            "type": "object",
-                            "description": "who made the change, and its error, evidence or note",
-                        },
-                    },
-                    "required": ["from_state", "to_state", "recorded_at", "detail"],
-                    "additionalProperties": False,
-                },
-                "ReceiptWithHistory": {
-                    "type": "object",
-                    "description": "a Receipt with the request as journaled (secrets redacted), the upstream's stored "
-                    "answer (null when none was kept), and its whole history, oldest first",
-                    "properties": {
-                        **_RECEIPT_PROPERTIES,
-                        "request": _ref("RequestView"),
-                        "response": {"oneOf": [_ref("ResponseView"), {"type": "null"}]},
-                        "transitions": {"type": "array", "items": _ref("Transition")},
-                    },
-                    "required": [*_RECEIPT_PROPERTIES, "request", "response", "transitions"],
-                    "additionalProperties": False,
-                },
-                "RetryDecision": {
-                    "type": "object",
-                    "properties": {
-                        "decision": {"type": "string", "enum": ["forwarded", "refused", "replayed"]},
-                        "status": {
-                            **_INT_OR_NULL,
-                            "description": "409 when refused, the stored status when replayed, null when forwarded",
-                        },
-                        "problem": {"type": ["string", "null"], "enum": ["duplicate-open", "duplicate-succeeded", None]},
-                        "blocking_operation_id": _TEXT_OR_NULL,
-                        "until": {**_TIME_OR_NULL, "description": "when a refusal or replay after success ends"},
-                        "reason": {"type": "string"},
-                    },
-                    "required": ["decision", "status", "problem", "blocking_operation_id", "until", "reason"],
-                    "additionalProperties": False,
-                },
-                "Proof": {
-                    "type": "object",
-                    "properties": {
-                        "operation_id": {"type": "string"},
-                        "operation": {"type": "string"},
-                        "method": {"type": "string"},
-                        "host": {"type": "string"},
-                        "path": {"type": "string"},
-                        "state": _ref("State"),
-                        "open": {"type": "boolean", "description": "the outcome is not settled yet"},
-                        "proven": {"type": "boolean", "description": "a terminal state: the outcome is settled"},
-                        "what_happened": {"type": "string"},
-                        "external_id": _TEXT_OR_NULL,
-                        "status_code": _INT_OR_NULL,
-                        "error_code": _TEXT_OR_NULL,
-                        "submitted_at": _TIME_OR_NULL,
-                        "completed_at": _TIME_OR_NULL,
-                        "retry": _ref("RetryDecision"),
-                        "duplicates_refused": {"type": "integer", "description": "requests this receipt blocked"},
-                        "evidence": {
-                            "type": "array",
-                            "description": "the transitions that say something about the outcome",
-                            "items": _ref("Transition"),
-                        },
-                    },
-                    "required": [
-                        "operation_id", "state", "open", "proven", "what_happened", "external_id",
-                        "retry", "duplicates_refused", "evidence",
-                    ],
-                    "additionalProperties": False,
-                },
-                "Resolution": {
-                    "type": "object",
-                    "properties": {
-                        "state": {"type": "string", "enum": sorted(s.value for s in RESOLUTION_STATES)},
-                        "note": {"type": "string", "minLength": 1, "description": "what you checked; kept in the history"},
-                        "external_id": {"type": ["string", "null"]},
-                        "who": {"type": "string", "description": "who decides (default admin-api)"},
-                    },
-                    "required": ["state", "note"],
-                    "additionalProperties": False,
-                },
-                "Problem": {
-                    "type": "object",
-                    "description": "RFC 9457 problem details",
-                    "properties": {
-                        "type": {"type": "string"},
-                        "title": {"type": "string"},
-                        "status": {"type": "integer"},
-                        "detail": {"type": "string"},
-                    },
-                    "required": ["type", "title", "status", "detail"],
-                },
-            },
+            "schemas": dict(sorted(components.schemas.items())),
         },
     }

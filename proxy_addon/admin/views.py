@@ -1,9 +1,12 @@
-"""What the admin server's views share: problem answers, JSON, list filters, and the page's formatting filters."""
+"""What the admin server's views share: problem answers (and `ProblemView`, their schema), JSON, list filters,
+and the page's formatting filters."""
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from flask import Response, request
+from pydantic import BaseModel, ConfigDict
+from werkzeug.datastructures import MultiDict
 
 from proxy_addon.exceptions import (
     BadRequestError,
@@ -38,8 +41,19 @@ def status_of(e: ReceiptsError) -> tuple[int, str]:
     return 503, "journal-unavailable"
 
 
+class ProblemView(BaseModel):
+    """RFC 9457 problem details"""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    title: str
+    status: int
+    detail: str
+
+
 def problem(status: int, kind: str, title: str, detail: str) -> Response:
-    body = {"type": PROBLEM_BASE + kind, "title": title, "status": status, "detail": detail}
+    body = ProblemView(type=PROBLEM_BASE + kind, title=title, status=status, detail=detail).model_dump()
     return Response(documents.dumps(body), status=status, content_type=PROBLEM_CONTENT_TYPE)
 
 
@@ -47,35 +61,49 @@ def json_response(document: Any) -> Response:
     return Response(documents.dumps(document), content_type="application/json")
 
 
-def list_filters(default_state: str | None) -> tuple[list[str] | None, documents.HostFilter | None, timedelta | None, int]:
-    """`state` (a state, `open` or `unknown`; repeated or comma-separated), `host` (`host` or `host:port`),
-    `older_than`, `limit`."""
-    raw = [p.strip() for v in request.args.getlist("state") for p in v.split(",") if p.strip()]
-    if not raw and default_state:
-        raw = [default_state]
+def states_arg(args: MultiDict[str, str], default_state: str | None) -> list[str] | None:
+    """`state`: a state, `open` or `unknown`; repeated or comma-separated. None: every state."""
+    raw = [p.strip() for v in args.getlist("state") for p in v.split(",") if p.strip()]
     try:
-        states = documents.expand_states(raw)
+        return documents.expand_states(raw or ([default_state] if default_state else [])) or None
     except ValueError as e:
         raise BadRequestError(str(e)) from None
-    older_than = None
-    if request.args.get("older_than"):
-        try:
-            older_than = timedelta(seconds=parse_duration(request.args["older_than"]))
-        except ValueError as e:
-            raise BadRequestError(f"older_than: {e}") from None
+
+
+def older_than_arg(args: MultiDict[str, str]) -> timedelta | None:
+    if not args.get("older_than"):
+        return None
     try:
-        limit = int(request.args.get("limit", LIST_LIMIT))
+        return timedelta(seconds=parse_duration(args["older_than"]))
+    except ValueError as e:
+        raise BadRequestError(f"older_than: {e}") from None
+
+
+def limit_arg(args: MultiDict[str, str]) -> int:
+    try:
+        limit = int(args.get("limit", LIST_LIMIT))
     except ValueError:
         raise BadRequestError("limit must be a whole number") from None
     if not 1 <= limit <= MAX_LIST_LIMIT:
         raise BadRequestError(f"limit must be between 1 and {MAX_LIST_LIMIT}")
-    host = None
-    if request.args.get("host", "").strip():
-        try:
-            host = documents.parse_host_filter(request.args["host"])
-        except ValueError as e:
-            raise BadRequestError(f"host: {e}") from None
-    return states or None, host, older_than, limit
+    return limit
+
+
+def host_arg(args: MultiDict[str, str]) -> documents.HostFilter | None:
+    """`host`: `host` or `host:port`."""
+    if not args.get("host", "").strip():
+        return None
+    try:
+        return documents.parse_host_filter(args["host"])
+    except ValueError as e:
+        raise BadRequestError(f"host: {e}") from None
+
+
+def list_filters(default_state: str | None) -> tuple[list[str] | None, documents.HostFilter | None, timedelta | None, int]:
+    """The list's query (`state`, `host`, `older_than`, `limit`); BadRequestError names the first bad one."""
+    args = request.args
+    states, older_than, limit = states_arg(args, default_state), older_than_arg(args), limit_arg(args)
+    return states, host_arg(args), older_than, limit
 
 
 def age_filter(since: datetime | None, now: datetime | None = None) -> str:

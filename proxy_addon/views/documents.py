@@ -2,7 +2,9 @@
 
 `ReceiptView` is the one definition: its fields are the keys of `receipts ls --json` and of the admin API's
 receipts, the OpenAPI schema `Receipt` is generated from it (admin/openapi.py), and the CLI's tables take their
-columns from it. `receipts show` adds the request as journaled and the stored answer (views/journaled.py's views).
+columns from it. `receipts show` adds the request as journaled, the stored answer (views/journaled.py's views) and
+the history: `ShowView` and `TransitionView` describe that document, and the admin API's schemas are generated
+from them too.
 """
 
 import json
@@ -13,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from proxy_addon.rules.records import ReceiptRecord, TransitionRecord
 from proxy_addon.rules.states import OPEN_STATES, State
-from proxy_addon.views.journaled import request_view, response_view
+from proxy_addon.views.journaled import RequestView, ResponseView, request_view, response_view
 
 _TIME = "UTC, RFC 3339; see docs/architecture.md, Which time is which"
 
@@ -21,7 +23,7 @@ _TIME = "UTC, RFC 3339; see docs/architecture.md, Which time is which"
 class ReceiptView(BaseModel):
     """A receipt as the CLI and the admin API show it: the request's identity and its outcome, never a secret."""
 
-    model_config = ConfigDict(from_attributes=True, frozen=True)
+    model_config = ConfigDict(from_attributes=True, frozen=True, extra="forbid")
 
     operation_id: str = Field(description="the receipt's id, `op_` and 32 hex digits")
     operation: str = Field(
@@ -52,6 +54,26 @@ class ReceiptView(BaseModel):
     body_note: str | None
     reconcile_attempts: int
     next_attempt_at: datetime | None = Field(description=_TIME)
+
+
+class TransitionView(BaseModel):
+    """One change of a receipt's state, as its history shows it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    from_state: State | None
+    to_state: State
+    recorded_at: datetime = Field(description=_TIME)
+    detail: dict[str, Any] = Field(description="who made the change, and its error, evidence or note")
+
+
+class ShowView(ReceiptView):
+    """A receipt with the request as journaled (secrets redacted), the upstream's stored answer (null when none
+    was kept), and its whole history, oldest first: the document of `receipts show --json`."""
+
+    request: RequestView
+    response: ResponseView | None
+    transitions: list[TransitionView]
 
 
 PUBLIC_COLUMNS: tuple[str, ...] = tuple(ReceiptView.model_fields)

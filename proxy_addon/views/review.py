@@ -3,9 +3,14 @@
 - `resolve`: a person's verdict on a manual_review or outcome_unknown receipt, kept in its history;
 - `proof`: what the system can prove happened, and what a retry of the same request would get now
   (the proxy's own duplicate decision, rules/duplicates.py).
+
+`ProofView` and `RetryView` describe the proof's document: the admin API's schemas are generated from them.
 """
 
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.exceptions import InvalidResolutionError, NotResolvableError
@@ -13,12 +18,49 @@ from proxy_addon.rules import duplicates
 from proxy_addon.rules.records import ReceiptRecord, TransitionRecord
 from proxy_addon.rules.states import RESOLUTION_STATES, RESOLVABLE_STATES, TERMINAL_STATES, State
 from proxy_addon.store import ReceiptStore
-from proxy_addon.views.documents import transition_document
+from proxy_addon.views.documents import TransitionView, transition_document
 
 # the transitions that say something about the outcome (not creation, sending or a worker's lease)
 VERDICT_STATES = frozenset(
     {State.SUCCEEDED, State.REJECTED, State.OUTCOME_UNKNOWN, State.SAFE_TO_RETRY, State.MANUAL_REVIEW}
 )
+
+
+class RetryView(BaseModel):
+    """What the proxy would do, now, with the same request again."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    decision: Literal["forwarded", "refused", "replayed"]
+    status: int | None = Field(description="409 when refused, the stored status when replayed, null when forwarded")
+    problem: Literal["duplicate-open", "duplicate-succeeded"] | None
+    blocking_operation_id: str | None
+    until: datetime | None = Field(description="when a refusal or replay after success ends")
+    reason: str
+
+
+class ProofView(BaseModel):
+    """What the system can prove happened to one receipt, and what a retry would get."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    operation_id: str
+    operation: str
+    method: str
+    host: str
+    path: str
+    state: State
+    open: bool = Field(description="the outcome is not settled yet")
+    proven: bool = Field(description="a terminal state: the outcome is settled")
+    what_happened: str
+    external_id: str | None
+    status_code: int | None
+    error_code: str | None
+    submitted_at: datetime | None
+    completed_at: datetime | None
+    retry: RetryView
+    duplicates_refused: int = Field(description="requests this receipt blocked")
+    evidence: list[TransitionView] = Field(description="the transitions that say something about the outcome")
 
 
 # -- a person's verdict -------------------------------------------------------------------------------------

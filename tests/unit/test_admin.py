@@ -21,7 +21,6 @@ from support.server import free_port
 from support.store import intent, recorded, walk
 
 from proxy_addon.admin.app import create_app
-from proxy_addon.admin.openapi import openapi_document
 from proxy_addon.admin.server import AdminServer
 from proxy_addon.cli import main as cli_main
 from proxy_addon.config import parse_config
@@ -36,13 +35,11 @@ from tests.conftest import migrate
 TOKEN = "s3cret-admin-token-for-tests"
 
 
-def schema(name: str) -> dict:
-    doc = openapi_document()
-    return {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
-
-
-def conforms(instance, name: str) -> None:
-    jsonschema.Draft202012Validator(schema(name)).validate(instance)
+def conforms(instance, name: str, client) -> None:
+    """The instance is a `name` as the served OpenAPI document describes it."""
+    doc = client.get("/openapi.json").get_json()
+    schema = {"$ref": f"#/components/schemas/{name}", "components": doc["components"]}
+    jsonschema.Draft202012Validator(schema).validate(instance)
 
 
 def config_for(tmp_path, extra: str = ""):
@@ -91,19 +88,19 @@ def test_api_shapes_are_the_cli_shapes(store, migrated_url, tmp_path, monkeypatc
     (tmp_path / "config.yaml").write_text(f"secret_file: {tmp_path / 'secret'}\n")
     assert cli_main(["show", unknown, "--json", "--config", str(tmp_path / "config.yaml")]) == 0
     assert shown.get_json() == json.loads(capsys.readouterr().out)
-    conforms(shown.get_json(), "ReceiptWithHistory")
+    conforms(shown.get_json(), "ReceiptWithHistory", client)
     assert [t["to_state"] for t in shown.get_json()["transitions"]] == ["planned", "submitted", "outcome_unknown"]
 
     listed = client.get("/receipts").get_json()
     assert [r["operation_id"] for r in listed] == [done, fresh, unknown]  # newest first
     for r in listed:
-        conforms(r, "Receipt")
+        conforms(r, "Receipt", client)
     assert [r["operation_id"] for r in client.get("/receipts?state=unknown&older_than=10m").get_json()] == [unknown]
     assert [r["operation_id"] for r in client.get("/receipts?state=succeeded,outcome_unknown&limit=1").get_json()] == [done]
     assert client.get("/receipts?host=other.example.com").get_json() == []
 
     proof = client.get(f"/receipts/{unknown}/proof").get_json()
-    conforms(proof, "Proof")
+    conforms(proof, "Proof", client)
     assert proof["retry"]["decision"] == "refused" and proof["retry"]["blocking_operation_id"] == unknown
     assert proof["open"] is True and proof["proven"] is False
 
@@ -143,7 +140,7 @@ def test_resolve_through_the_api(client, sqlite_store):
 
     r = client.post(url, json={"state": "succeeded", "note": "found it upstream", "external_id": "A-9", "who": "ana"})
     assert r.status_code == 200
-    conforms(r.get_json(), "ReceiptWithHistory")
+    conforms(r.get_json(), "ReceiptWithHistory", client)
     assert r.get_json()["state"] == "succeeded" and r.get_json()["external_id"] == "A-9"
     last = sqlite_store.receipts.history(review)[-1]
     assert (last.from_state, last.to_state) == ("manual_review", "succeeded")
@@ -170,7 +167,7 @@ def test_proof_says_what_a_retry_would_get(sqlite_store, tmp_path):
     assert (p["retry"]["decision"], p["retry"]["status"], p["retry"]["problem"]) == ("refused", 409, "duplicate-succeeded")
     for op in (old, rejected, safe):
         p = replay.get(f"/receipts/{op}/proof").get_json()
-        conforms(p, "Proof")
+        conforms(p, "Proof", replay)
         assert p["retry"]["decision"] == "forwarded", op
 
 

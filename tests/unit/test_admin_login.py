@@ -13,7 +13,7 @@ from support.proxy import REPO
 
 from proxy_addon.addons.admin import InProxyAdmin
 from proxy_addon.admin.app import create_app
-from proxy_addon.admin.guards import LOGIN_COOKIE, LoginSessions, safe_next
+from proxy_addon.admin.sessions import LOGIN_COOKIE, Login, LoginSessions, safe_next
 from proxy_addon.config import parse_config
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import ConfigError
@@ -83,6 +83,15 @@ def test_a_session_expires():
     assert not sessions.valid(cookie.replace(".", "x", 1)) and not sessions.valid("") and not sessions.valid("1.2.3")
     issued, sid, mac = sessions.issue().split(".")
     assert not sessions.valid(f"{int(issued) + 10_000}.{sid}.{mac}")  # the issue time is signed
+
+
+def test_login_knows_the_token_and_its_sessions():
+    assert Login(None).sessions is None and not Login(None).token_matches("")
+    login = Login(TOKEN)
+    assert login.token_matches(TOKEN) and login.token_matches(f"  {TOKEN}\n")  # as typed into the form
+    assert not login.token_matches(TOKEN[:-1]) and not login.token_matches("")
+    assert login.sessions is not None and login.sessions.valid(login.sessions.issue())
+    assert not Login(TOKEN).sessions.valid(login.sessions.issue())  # each server signs its own
 
 
 @pytest.mark.parametrize("target, where", [
