@@ -8,9 +8,9 @@ be written (bad URL or header, no free connection slot, connect or TLS handshake
 nothing reached the upstream; one while or after writing (reset, early close, malformed answer, timeout)
 means the upstream may have acted. Reads (GET, HEAD, OPTIONS) stay on mitmproxy's own path, untouched.
 
-The client is a small HTTP/1.1 sender on an asyncio protocol with h11. It replaced httpx, whose layers
-(httpx, httpcore, anyio) cost 2-3 ms of event-loop CPU per request here, more than the rest of the
-journaling. This module is the only one that knows the client.
+The client is a small sender on asyncio protocols with h11. It replaced httpx, whose layers (httpx, httpcore,
+anyio) cost more event-loop CPU per request than the rest of the journaling. No proxy is taken from the
+environment; mitmproxy's upstream TLS options are (TLSSettings). This module is the only one that knows the client.
 
 Timeouts. `upstream_timeout` is an idle timeout: the longest wait for the answer to begin and between two
 of its reads (while the request body is still being taken by the upstream, that progress counts too), so an
@@ -22,30 +22,29 @@ for bad credentials) and then close or reset the connection while the body is st
 bytes it sent before the reset are read first (`_Stream` keeps data ahead of the error that followed it), so
 a complete answer stands whatever became of the rest of the write.
 
-One fresh connection per journaled write, no keep-alive pool. A pooled connection that the upstream closed
-while idle fails exactly like "read the request, then reset", so reusing one risks a false outcome_unknown
-whenever the upstream's idle close crosses our request on the wire; a liveness check before reuse (age, EOF,
-readable socket) narrows that window but cannot close it, and upstreams' idle timeouts go down to 1 s and
-below. Measured on this machine (2 vCPU, loopback, `bench/keepalive.py --requests 2000 --runs 3`: the
-sender's CPU per write in its process, median of 3 runs, the upstream in a process of its own; the proxy as a
-whole spends ~3-4 ms of CPU per journaled write):
-
-    upstream  concurrency  kept-alive connection      fresh connection per write
-    http      1            0.15 ms CPU, p50 0.18 ms   0.33 ms CPU, p50 0.36 ms
-    http      16           0.10 ms CPU                0.23 ms CPU
-    https     1            0.12 ms CPU, p50 0.14 ms   1.49 ms CPU, p50 2.18 ms
-    https     16           0.26 ms CPU                1.08 ms CPU
-
-So reuse would buy ~0.1-0.2 ms of CPU per write to an http upstream and ~0.8-1.4 ms to an https one (the TLS
-handshake; resuming TLS sessions did not reduce it here), plus one round trip (two with TLS) of latency to a
-remote upstream. A false outcome_unknown costs a blocked retry and a reconciliation or a person. We pay the
-connection. The request says `Connection: close`, and our side closes once the upstream has (or after
-LINGER), so the TIME_WAIT stays with the upstream rather than using up this host's ports.
+Connections are reused (`upstream_connections: reuse`, the default): a handshake per write costs one round
+trip, two with TLS, and the TLS handshake's CPU, on every write to a remote API. Reuse is safe only where it
+cannot turn into a false outcome_unknown, or a second send:
+- HTTP/1.1. A kept-alive connection that the upstream closes while idle fails exactly like "read the request,
+  then reset" when its close crosses our request on the wire, and nothing afterwards can tell the two apart.
+  So a connection is used again only while that crossing cannot happen: idle for less than the host's
+  `upstream_keepalive` (under the common servers' idle timeouts) and than the upstream's advertised
+  `Keep-Alive: timeout` less KEEPALIVE_MARGIN (its idle clock started before ours, and our request takes time
+  to reach it), and with nothing pending on it just before the write (an EOF or a stray byte that has arrived
+  means it is being closed: it is dropped, and a new one made). One request at a time on a connection, never
+  pipelined. What is left (an upstream that closes early for its own reasons) ends like any ambiguous end, as
+  outcome_unknown, never resent; `receipts_reused_connection_unknowns_total` counts those that got no byte of
+  an answer on a reused connection, so an operator sees whether reuse costs anything on a host and can set
+  `upstream_connections: fresh` there.
+- `fresh` is one connection per write: the request says `Connection: close`, and our side closes once the
+  upstream has (or after LINGER), so the TIME_WAIT stays with the upstream rather than using up this host's ports.
 """
 
 import asyncio
+import select
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import urlsplit
@@ -53,8 +52,12 @@ from urllib.parse import urlsplit
 import certifi
 import h11
 
+from proxy_addon import metrics
+
 READ_CHUNK = 65536
 LINGER = 2.0  # seconds an answered connection waits for the upstream to close first
+KEEPALIVE_MARGIN = 1.0  # seconds taken off an upstream's advertised Keep-Alive timeout: more than any round trip
+MAX_IDLE_PER_ORIGIN = 16  # idle HTTP/1.1 connections kept per origin; more are closed
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -71,6 +74,7 @@ HOP_BY_HOP = frozenset(
 )
 _HOP_BY_HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+Origin = tuple[str, str, int]  # scheme, host, port
 
 
 class SendEnd(StrEnum):
@@ -95,6 +99,8 @@ class SendResult:
     answer: UpstreamResponse | None = None
     error: str | None = None
     elapsed: float = 0.0
+    reused: bool = False  # sent on a connection an earlier write had used
+    resent: str | None = None  # sent again, once, on a new connection: why the first was provably not processed
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,7 @@ class Timeouts:
     connect: float  # getting a connection slot and connecting (TLS included)
     idle: float  # upstream_timeout: the answer's beginning, and between its reads
     deadline: float | None = None  # upstream_deadline: the whole exchange
+    keepalive: float | None = None  # upstream_keepalive: reuse a connection idle less than this; None: one per write
 
 
 def classify_exception(exc: BaseException, may_be_written: bool) -> SendEnd:
@@ -132,6 +139,7 @@ class _Stream(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        self.received = 0  # bytes received since the last `expect_answer`: 0 means no byte of an answer
         self._ended = False  # EOF or connection lost
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -141,6 +149,7 @@ class _Stream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
+        self.received += len(data)
         self._wake()
 
     def eof_received(self) -> bool:
@@ -194,10 +203,33 @@ class _Stream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
-async def _exchange(stream: _Stream, h: h11.Connection, request: list[bytes], idle: float) -> UpstreamResponse:
+    def quiet(self) -> bool:
+        """Open, and nothing pending on it: no EOF, no error, no stray byte, neither read yet nor waiting in the
+        socket (the upstream's idle close may be there before the event loop has seen it)."""
+        transport = self.transport
+        if self._ended or self._buffer or transport is None or transport.is_closing():
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        poll = select.poll()
+        poll.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        try:
+            return not poll.poll(0)  # readable: data or EOF; an error or hang-up shows too
+        except OSError:
+            return False
+
+
+async def _exchange(
+    stream: _Stream, h: h11.Connection, request: list[bytes], idle: float
+) -> tuple[UpstreamResponse, h11.Response]:
     """Write the whole request, read the whole answer. The write proceeds in the background (the transport
-    flushes it as the upstream takes it) while the answer is read, so an answer that comes early is read."""
+    flushes it as the upstream takes it) while the answer is read, so an answer that comes early is read.
+    Returns the answer, and its head as received (its Keep-Alive header says how long the connection may idle)."""
     assert stream.transport is not None
     stream.transport.writelines(request)
     response: h11.Response | None = None
@@ -226,29 +258,94 @@ async def _exchange(stream: _Stream, h: h11.Connection, request: list[bytes], id
             raise h11.RemoteProtocolError("the upstream closed the connection before answering")
         # InformationalResponse (1xx): keep reading
     assert response is not None
-    return UpstreamResponse(
+    answer = UpstreamResponse(
         status_code=response.status_code,
         reason=response.reason.decode("latin-1"),
         headers=[(k, v) for k, v in response.headers.raw_items() if k.lower() not in _HOP_BY_HOP_BYTES],
         content=b"".join(chunks),
     )
+    return answer, response
+
+
+@dataclass(eq=False)
+class _Connection:
+    """An HTTP/1.1 connection; between writes, since when it has been idle and how long it may stay so."""
+
+    stream: _Stream
+    uses: int = 0
+    idle_since: float = 0.0
+    usable_for: float = 0.0
+    expiry: asyncio.TimerHandle | None = None
+
+    def settle(self) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
+
+
+class _IdleConnections:
+    """HTTP/1.1 connections at rest, by origin (and TLS settings: one pool per sender), the most recent last.
+
+    A connection is taken only while idle for less than its bound and with nothing pending on it; each is
+    closed when its bound passes, and past MAX_IDLE_PER_ORIGIN the oldest is."""
+
+    def __init__(self, clock: Callable[[], float], per_origin: int = MAX_IDLE_PER_ORIGIN):
+        self._clock, self._per_origin = clock, per_origin
+        self._idle: dict[Origin, list[_Connection]] = {}
+
+    def take(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        now = self._clock()
+        while idle:
+            conn = idle.pop()
+            conn.settle()
+            if now - conn.idle_since < conn.usable_for and conn.stream.quiet():
+                return conn
+            conn.stream.close()  # idle too long, or the upstream closed it (or sent what no request asked for)
+        return None
+
+    def put(self, origin: Origin, conn: _Connection, usable_for: float) -> None:
+        conn.idle_since, conn.usable_for = self._clock(), usable_for
+        idle = self._idle.setdefault(origin, [])
+        idle.append(conn)
+        if len(idle) > self._per_origin:
+            self._drop(origin, idle[0])
+        conn.expiry = asyncio.get_running_loop().call_later(usable_for, self._drop, origin, conn)
+
+    def _drop(self, origin: Origin, conn: _Connection) -> None:
+        conn.settle()
+        idle = self._idle.get(origin, [])
+        if conn in idle:
+            idle.remove(conn)
+        conn.stream.close()
+
+    def close(self) -> None:
+        for origin, idle in list(self._idle.items()):
+            for conn in list(idle):
+                self._drop(origin, conn)
+        self._idle.clear()
 
 
 class UpstreamSender:
-    def __init__(self, tls: TLSSettings, max_connections: int = 200):
+    def __init__(
+        self, tls: TLSSettings, max_connections: int = 200, clock: Callable[[], float] = time.monotonic
+    ):
         self._ssl = _ssl_context(tls)
         self._slots = asyncio.Semaphore(max_connections)
+        self._clock = clock
+        self._idle = _IdleConnections(clock)
 
     async def send_once(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, timeouts: Timeouts
     ) -> SendResult:
-        """One attempt on a connection of its own."""
+        """One attempt: on an idle connection fit for reuse when `timeouts.keepalive` allows, else on a new one."""
         started = time.monotonic()
+        reuse = timeouts.keepalive is not None
         try:
-            origin, h, request = _prepare(method, url, headers, content)
+            origin, h, request = _prepare(method, url, headers, content, keep_alive=reuse)
         except (ValueError, h11.LocalProtocolError) as e:
             return SendResult(SendEnd.NOT_SENT, error=_describe(e), elapsed=time.monotonic() - started)
-        stream: _Stream | None = None
+        conn: _Connection | None = None
         written = False
         acquired = False
         try:
@@ -257,27 +354,46 @@ class UpstreamSender:
                     async with asyncio.timeout(timeouts.connect):
                         await self._slots.acquire()
                         acquired = True
-                        stream = await self._connect(origin)
+                        conn = (self._idle.take(origin) if reuse else None) or _Connection(await self._connect(origin))
                     written = True  # from here on the upstream may receive the request and act on it
-                    answer = await _exchange(stream, h, request, timeouts.idle)
+                    conn.stream.received = 0
+                    answer, head = await _exchange(conn.stream, h, request, timeouts.idle)
                 finally:
                     if acquired:
                         self._slots.release()
         except Exception as e:  # noqa: BLE001 - every failure is classified by when it happened
-            if stream is not None:
-                stream.abort()
             end = classify_exception(e, written)
+            reused = conn is not None and conn.uses > 0
+            if conn is not None:
+                conn.stream.abort()
+                if reused and end != SendEnd.NOT_SENT and conn.stream.received == 0:
+                    metrics.reused_connection_unknown()
             if isinstance(e, TimeoutError):
                 e = TimeoutError(_timeout_text(timeouts, deadline.expired(), written, acquired))
-            return SendResult(end, error=_describe(e), elapsed=time.monotonic() - started)
+            return SendResult(end, error=_describe(e), elapsed=time.monotonic() - started, reused=reused)
         except BaseException:
-            if stream is not None:
-                stream.abort()
+            if conn is not None:
+                conn.stream.abort()
             raise
-        stream.close_when_upstream_has()
-        return SendResult(SendEnd.ANSWERED, answer, elapsed=time.monotonic() - started)
+        conn.uses += 1
+        self._after(origin, conn, h, head, timeouts.keepalive)
+        return SendResult(SendEnd.ANSWERED, answer, elapsed=time.monotonic() - started, reused=conn.uses > 1)
 
-    async def _connect(self, origin: tuple[str, str, int]) -> _Stream:
+    def _after(
+        self, origin: Origin, conn: _Connection, h: h11.Connection, head: h11.Response, keepalive: float | None
+    ) -> None:
+        """Keep an answered connection for the next write when both sides may go on with it; else close it: now,
+        when the upstream would keep it open, or once it has closed its side (the TIME_WAIT stays with it)."""
+        if not _reusable(h, conn.stream):
+            conn.stream.close_when_upstream_has()
+            return
+        usable_for = _usable_for(head, keepalive)
+        if usable_for > 0:
+            self._idle.put(origin, conn, usable_for)
+        else:
+            conn.stream.close()
+
+    async def _connect(self, origin: Origin) -> _Stream:
         scheme, host, port = origin
         loop = asyncio.get_running_loop()
         if scheme == "https":
@@ -286,8 +402,48 @@ class UpstreamSender:
             _, stream = await loop.create_connection(_Stream, host, port)
         return stream
 
+    def close(self) -> None:
+        """Close the idle connections (the sender stays usable): when it is replaced, and at shutdown."""
+        self._idle.close()
+
     async def aclose(self) -> None:
-        """Nothing is kept between writes; here for the addon's `done`."""
+        """The addon's `done`: nothing kept past the proxy."""
+        self.close()
+
+
+def _reusable(h: h11.Connection, stream: _Stream) -> bool:
+    """Both sides finished this exchange and may go on (no `Connection: close`, no HTTP/1.0, no answer delimited by
+    the close), the whole request has left, and nothing came after the answer."""
+    return (
+        h.our_state is h11.DONE
+        and h.their_state is h11.DONE
+        and not any(h.trailing_data)
+        and stream.unsent == 0
+        and stream.quiet()
+    )
+
+
+def _usable_for(head: h11.Response, keepalive: float | None) -> float:
+    """How long the connection may idle and still be used: `upstream_keepalive`, and less than the upstream's
+    advertised `Keep-Alive: timeout=N` by KEEPALIVE_MARGIN (its idle clock started before ours, and our request
+    takes time to reach it); 0 when `max=0` says it takes no more requests, or when reuse is off."""
+    if keepalive is None:
+        return 0.0
+    bound = keepalive
+    for name, value in head.headers:
+        if name != b"keep-alive":  # h11 lower-cases header names
+            continue
+        for param in value.decode("latin-1").split(","):
+            key, _, number = param.strip().partition("=")
+            try:
+                parsed = float(number.strip().strip('"'))
+            except ValueError:
+                continue
+            if key.strip().lower() == "timeout":
+                bound = min(bound, parsed - KEEPALIVE_MARGIN)
+            elif key.strip().lower() == "max" and parsed <= 0:
+                bound = 0.0
+    return max(bound, 0.0)
 
 
 def _timeout_text(timeouts: Timeouts, deadline_expired: bool, written: bool, acquired: bool) -> str:
@@ -299,10 +455,10 @@ def _timeout_text(timeouts: Timeouts, deadline_expired: bool, written: bool, acq
 
 
 def _prepare(
-    method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes
-) -> tuple[tuple[str, str, int], h11.Connection, list[bytes]]:
+    method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, keep_alive: bool = False
+) -> tuple[Origin, h11.Connection, list[bytes]]:
     """Origin, the h11 connection that will read the answer, and the request's bytes; raises ValueError or
-    h11.LocalProtocolError (nothing sent)."""
+    h11.LocalProtocolError (nothing sent). Without `keep_alive` the request says `Connection: close`."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
@@ -317,7 +473,8 @@ def _prepare(
         sendable.insert(0, (b"host", parts.netloc.rpartition("@")[2].encode("idna")))
     if content or method.upper() not in ("GET", "HEAD", "OPTIONS", "TRACE"):
         sendable.append((b"content-length", str(len(content)).encode()))
-    sendable.append((b"connection", b"close"))
+    if not keep_alive:
+        sendable.append((b"connection", b"close"))
     h = h11.Connection(h11.CLIENT)  # validates the head (a header value the protocol forbids raises here)
     events: list[h11.Event] = [h11.Request(method=method.encode(), target=target.encode("ascii", "strict"), headers=sendable)]
     if content:
