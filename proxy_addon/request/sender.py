@@ -47,12 +47,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from http import HTTPStatus
 from urllib.parse import urlsplit
 
 import certifi
+import h2.exceptions
 import h11
 
 from proxy_addon import metrics
+from proxy_addon.request.h2client import H2Connection, Refused
 
 READ_CHUNK = 65536
 LINGER = 2.0  # seconds an answered connection waits for the upstream to close first
@@ -126,7 +129,7 @@ def classify_exception(exc: BaseException, may_be_written: bool) -> SendEnd:
         return SendEnd.NOT_SENT
     if isinstance(exc, TimeoutError):
         return SendEnd.TIMEOUT
-    if isinstance(exc, OSError | EOFError | h11.ProtocolError):
+    if isinstance(exc, OSError | EOFError | h11.ProtocolError | h2.exceptions.ProtocolError):
         return SendEnd.RESET
     return SendEnd.ERROR
 
@@ -179,6 +182,12 @@ class _Stream(asyncio.Protocol):
                 await self._waiter
             finally:
                 self._waiter = None
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
+    def take_buffer(self) -> bytes:
+        """What arrived and was not read yet (for the protocol that takes the connection over)."""
         data = bytes(self._buffer)
         self._buffer.clear()
         return data
@@ -326,58 +335,158 @@ class _IdleConnections:
         self._idle.clear()
 
 
+@dataclass
+class _Request:
+    """A request ready to go: its origin, its HTTP/1.1 bytes with the h11 connection that will read the answer,
+    and its HTTP/2 head."""
+
+    origin: Origin
+    h: h11.Connection
+    chunks: list[bytes]
+    h2_head: list[tuple[bytes, bytes]]
+    content: bytes
+
+
+class _Attempt:
+    """What one send has done so far: what decides how a failure is classified and what is left to undo."""
+
+    def __init__(self, timeouts: Timeouts):
+        self.timeouts = timeouts
+        self.acquired = False  # holds a connection slot
+        self.written = False  # a byte of the request may have reached the upstream
+        self.reused = False
+        self.resent: str | None = None
+        self.h1: _Connection | None = None  # the HTTP/1.1 connection in use, to abort on failure
+
+    def failed(self, e: Exception, deadline_expired: bool, started: float) -> SendResult:
+        end = classify_exception(e, self.written)
+        if self.h1 is not None:
+            self.h1.stream.abort()
+            if self.reused and end != SendEnd.NOT_SENT and self.h1.stream.received == 0:
+                metrics.reused_connection_unknown()
+        if isinstance(e, TimeoutError):
+            e = TimeoutError(_timeout_text(self.timeouts, deadline_expired, self.written, self.acquired))
+        error = _describe(e)
+        return SendResult(end, error=error, elapsed=time.monotonic() - started, reused=self.reused, resent=self.resent)
+
+
 class UpstreamSender:
-    def __init__(
-        self, tls: TLSSettings, max_connections: int = 200, clock: Callable[[], float] = time.monotonic
-    ):
-        self._ssl = _ssl_context(tls)
+    def __init__(self, tls: TLSSettings, max_connections: int = 200, clock: Callable[[], float] = time.monotonic):
+        self._tls = tls
+        self._ssl = _ssl_context(tls, ["http/1.1"])  # fresh: today's one connection per write, HTTP/1.1
+        self._ssl_reuse = _ssl_context(tls, ["h2", "http/1.1"])
         self._slots = asyncio.Semaphore(max_connections)
         self._clock = clock
         self._idle = _IdleConnections(clock)
+        self._h2: dict[Origin, H2Connection] = {}
 
     async def send_once(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, timeouts: Timeouts
     ) -> SendResult:
-        """One attempt: on an idle connection fit for reuse when `timeouts.keepalive` allows, else on a new one."""
+        """One attempt (and, only for a stream the upstream refused unprocessed, one more on a new connection)."""
         started = time.monotonic()
-        reuse = timeouts.keepalive is not None
         try:
-            origin, h, request = _prepare(method, url, headers, content, keep_alive=reuse)
+            request = _prepare(method, url, headers, content, keep_alive=timeouts.keepalive is not None)
         except (ValueError, h11.LocalProtocolError) as e:
             return SendResult(SendEnd.NOT_SENT, error=_describe(e), elapsed=time.monotonic() - started)
-        conn: _Connection | None = None
-        written = False
-        acquired = False
+        attempt = _Attempt(timeouts)
         try:
             async with asyncio.timeout(timeouts.deadline) as deadline:
                 try:
-                    async with asyncio.timeout(timeouts.connect):
-                        await self._slots.acquire()
-                        acquired = True
-                        conn = (self._idle.take(origin) if reuse else None) or _Connection(await self._connect(origin))
-                    written = True  # from here on the upstream may receive the request and act on it
-                    conn.stream.received = 0
-                    answer, head = await _exchange(conn.stream, h, request, timeouts.idle)
+                    answer = await self._send(request, attempt)
                 finally:
-                    if acquired:
+                    if attempt.acquired:
                         self._slots.release()
         except Exception as e:  # noqa: BLE001 - every failure is classified by when it happened
-            end = classify_exception(e, written)
-            reused = conn is not None and conn.uses > 0
-            if conn is not None:
-                conn.stream.abort()
-                if reused and end != SendEnd.NOT_SENT and conn.stream.received == 0:
-                    metrics.reused_connection_unknown()
-            if isinstance(e, TimeoutError):
-                e = TimeoutError(_timeout_text(timeouts, deadline.expired(), written, acquired))
-            return SendResult(end, error=_describe(e), elapsed=time.monotonic() - started, reused=reused)
+            return attempt.failed(e, deadline.expired(), started)
         except BaseException:
-            if conn is not None:
-                conn.stream.abort()
+            if attempt.h1 is not None:
+                attempt.h1.stream.abort()
             raise
+        elapsed = time.monotonic() - started
+        return SendResult(SendEnd.ANSWERED, answer, elapsed=elapsed, reused=attempt.reused, resent=attempt.resent)
+
+    async def _send(self, request: _Request, attempt: _Attempt) -> UpstreamResponse:
+        async with asyncio.timeout(attempt.timeouts.connect):
+            await self._slots.acquire()
+            attempt.acquired = True
+            channel = await self._channel(request.origin, attempt)
+        if isinstance(channel, H2Connection):
+            return await self._over_h2(channel, request, attempt)
+        return await self._over_h1(channel, request, attempt)
+
+    async def _channel(self, origin: Origin, attempt: _Attempt) -> "H2Connection | _Connection":
+        """A connection to send on: the origin's HTTP/2 one (checked with a PING after upstream_keepalive of
+        idleness), an idle HTTP/1.1 one fit for reuse, or a new one."""
+        keepalive = attempt.timeouts.keepalive
+        if keepalive is None:
+            return await self._connect(origin, self._ssl)
+        shared = self._h2.get(origin)
+        fresh_enough = shared is not None and (not shared.idle or self._clock() - shared.idle_since < keepalive)
+        if shared is not None and shared.usable and (fresh_enough or await _answers_ping(shared)):
+            attempt.reused = True
+            return shared
+        kept = self._idle.take(origin)
+        if kept is not None:
+            attempt.reused = True
+            return kept
+        return await self._connect(origin, self._ssl_reuse)
+
+    async def _over_h1(self, conn: _Connection, request: _Request, attempt: _Attempt) -> UpstreamResponse:
+        attempt.h1 = conn
+        attempt.written = True  # from here on the upstream may receive the request and act on it
+        conn.stream.received = 0
+        answer, head = await _exchange(conn.stream, request.h, request.chunks, attempt.timeouts.idle)
         conn.uses += 1
-        self._after(origin, conn, h, head, timeouts.keepalive)
-        return SendResult(SendEnd.ANSWERED, answer, elapsed=time.monotonic() - started, reused=conn.uses > 1)
+        attempt.h1 = None
+        self._after(request.origin, conn, request.h, head, attempt.timeouts.keepalive)
+        return answer
+
+    async def _over_h2(self, conn: H2Connection, request: _Request, attempt: _Attempt) -> UpstreamResponse:
+        """One stream; if the upstream refused it unprocessed, once more on a new connection, and no more."""
+        try:
+            stream_id = conn.open_stream(request.h2_head, end_stream=not request.content)
+        except h2.exceptions.H2Error as e:
+            raise ValueError(f"HTTP/2 refused the request's head: {e}") from e  # nothing was sent
+        attempt.written = True
+        try:
+            head, body = await conn.exchange(stream_id, request.content, attempt.timeouts.idle)
+        except Refused as refused:
+            if attempt.resent is not None:
+                attempt.written = False  # refused twice, processed neither time: not sent
+                raise
+            attempt.resent = refused.reason
+            attempt.written = False
+            conn.closed = True  # a new connection for the second try, and for the writes after it
+            async with asyncio.timeout(attempt.timeouts.connect):
+                channel = await self._connect(request.origin, self._ssl_reuse)
+            if isinstance(channel, H2Connection):
+                return await self._over_h2(channel, request, attempt)
+            return await self._over_h1(channel, request, attempt)
+        return _h2_answer(head, body)
+
+    async def _connect(self, origin: Origin, context: ssl.SSLContext) -> "H2Connection | _Connection":
+        """A new connection; over TLS, HTTP/2 when the upstream chose it by ALPN (it becomes the origin's shared one)."""
+        scheme, host, port = origin
+        loop = asyncio.get_running_loop()
+        if scheme != "https":
+            _, stream = await loop.create_connection(_Stream, host, port)
+            return _Connection(stream)
+        transport, stream = await loop.create_connection(_Stream, host, port, ssl=context, server_hostname=host)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is None or ssl_object.selected_alpn_protocol() != "h2":
+            return _Connection(stream)
+        conn = H2Connection(self._clock)
+        transport.set_protocol(conn)
+        conn.connection_made(transport)
+        pending = stream.take_buffer()  # what arrived before the switch (the upstream's SETTINGS)
+        if pending:
+            conn.data_received(pending)
+        replaced = self._h2.get(origin)
+        self._h2[origin] = conn
+        if replaced is not None and replaced.idle:
+            replaced.close()
+        return conn
 
     def _after(
         self, origin: Origin, conn: _Connection, h: h11.Connection, head: h11.Response, keepalive: float | None
@@ -393,22 +502,35 @@ class UpstreamSender:
         else:
             conn.stream.close()
 
-    async def _connect(self, origin: Origin) -> _Stream:
-        scheme, host, port = origin
-        loop = asyncio.get_running_loop()
-        if scheme == "https":
-            _, stream = await loop.create_connection(_Stream, host, port, ssl=self._ssl, server_hostname=host)
-        else:
-            _, stream = await loop.create_connection(_Stream, host, port)
-        return stream
-
     def close(self) -> None:
-        """Close the idle connections (the sender stays usable): when it is replaced, and at shutdown."""
+        """Close the idle connections, and the HTTP/2 ones (GOAWAY): when the sender is replaced, and at shutdown."""
         self._idle.close()
+        for conn in self._h2.values():
+            conn.close()
+        self._h2.clear()
 
     async def aclose(self) -> None:
         """The addon's `done`: nothing kept past the proxy."""
         self.close()
+
+
+async def _answers_ping(conn: H2Connection) -> bool:
+    """Whether an HTTP/2 connection idle for a while still answers (the caller's connect timeout bounds it)."""
+    try:
+        await conn.ping()
+    except ConnectionError:
+        return False
+    return True
+
+
+def _h2_answer(head: list[tuple[bytes, bytes]], body: bytes) -> UpstreamResponse:
+    status = int(next(v for k, v in head if k == b":status"))
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = ""
+    headers = [(k, v) for k, v in head if not k.startswith(b":") and k.lower() not in _HOP_BY_HOP_BYTES]
+    return UpstreamResponse(status_code=status, reason=reason, headers=headers, content=body)
 
 
 def _reusable(h: h11.Connection, stream: _Stream) -> bool:
@@ -456,9 +578,9 @@ def _timeout_text(timeouts: Timeouts, deadline_expired: bool, written: bool, acq
 
 def _prepare(
     method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, keep_alive: bool = False
-) -> tuple[Origin, h11.Connection, list[bytes]]:
-    """Origin, the h11 connection that will read the answer, and the request's bytes; raises ValueError or
-    h11.LocalProtocolError (nothing sent). Without `keep_alive` the request says `Connection: close`."""
+) -> _Request:
+    """The request for either protocol; raises ValueError or h11.LocalProtocolError (nothing sent). Without
+    `keep_alive` it says `Connection: close`."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
@@ -473,6 +595,7 @@ def _prepare(
         sendable.insert(0, (b"host", parts.netloc.rpartition("@")[2].encode("idna")))
     if content or method.upper() not in ("GET", "HEAD", "OPTIONS", "TRACE"):
         sendable.append((b"content-length", str(len(content)).encode()))
+    h2_head = _h2_head(method, scheme, target, sendable)
     if not keep_alive:
         sendable.append((b"connection", b"close"))
     h = h11.Connection(h11.CLIENT)  # validates the head (a header value the protocol forbids raises here)
@@ -481,17 +604,24 @@ def _prepare(
         events.append(h11.Data(data=content))
     events.append(h11.EndOfMessage())
     chunks = [chunk for event in events for chunk in h.send_with_data_passthrough(event) or ()]  # the body not copied
-    return (scheme, host, port), h, chunks
+    return _Request((scheme, host, port), h, chunks, h2_head, content)
 
 
-def _ssl_context(tls: TLSSettings) -> ssl.SSLContext:
+def _h2_head(method: str, scheme: str, target: str, sendable: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The HTTP/2 head: pseudo-headers first (`Host` becomes `:authority`), names lower-case."""
+    authority = next(v for k, v in sendable if k.lower() == b"host")
+    pseudo = [(b":method", method.encode()), (b":scheme", scheme.encode()), (b":authority", authority), (b":path", target.encode())]
+    return pseudo + [(k.lower(), v) for k, v in sendable if k.lower() != b"host"]
+
+
+def _ssl_context(tls: TLSSettings, alpn: list[str]) -> ssl.SSLContext:
     if tls.insecure:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     else:
         ctx = ssl.create_default_context(cafile=tls.ca_file or certifi.where(), capath=tls.ca_dir)
-    ctx.set_alpn_protocols(["http/1.1"])
+    ctx.set_alpn_protocols(alpn)
     return ctx
 
 
