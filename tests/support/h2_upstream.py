@@ -27,6 +27,7 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+
 from support.e2e import self_signed_server_context
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
+
 from support.e2e import self_signed_server_context
 from support.server import free_port
 
