@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Callable
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -28,6 +29,18 @@ class Refused(ConnectionError):
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
         self.reason = reason  # "refused_stream" | "goaway"
+
+
+class _Client(h2.connection.H2Connection):
+    """h2's client connection, which goes on taking the frames of the streams a graceful GOAWAY still covers (RFC
+    9113 6.8: the upstream finishes them); h2 itself would refuse every frame after a GOAWAY."""
+
+    def _receive_goaway_frame(self, frame: Any) -> Any:
+        state = self.state_machine.state
+        received = super()._receive_goaway_frame(frame)
+        if frame.error_code == h2.errors.ErrorCodes.NO_ERROR:
+            self.state_machine.state = state
+        return received
 
 
 class _Stream:
@@ -65,12 +78,13 @@ class H2Connection(asyncio.Protocol):
 
     def __init__(self, clock: Callable[[], float]):
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self._h2 = h2.connection.H2Connection(config)
+        self._h2 = _Client(config)
         self._clock = clock
         self.transport: asyncio.Transport | None = None
         self._streams: dict[int, _Stream] = {}
         self._pings: dict[bytes, asyncio.Future[None]] = {}
-        self.closed = False  # no new stream: GOAWAY received, or the connection is gone
+        self.closed = False  # no new stream: GOAWAY received, the connection gone, or retired
+        self._retired = False  # closed by us once its last stream ends
         self.idle_since = clock()
 
     # -- asyncio.Protocol -------------------------------------------------------------------------------------
@@ -135,15 +149,18 @@ class H2Connection(asyncio.Protocol):
         return ConnectionResetError(f"the upstream reset the stream ({name})")
 
     def _goaway(self, event: h2.events.ConnectionTerminated) -> None:
-        """No new streams. Those above last-stream-id were not processed; those at or under it may have been, and
-        the h2 library takes no frame after a GOAWAY, so they end without an answer (outcome unknown)."""
+        """No new streams. Those above last-stream-id were not processed. Those at or under it may have been: after a
+        graceful GOAWAY (NO_ERROR) the upstream finishes them, so they go on (the h2 library would take no frame
+        after a GOAWAY: `_Client` keeps its state open, and `closed` keeps new streams off); after an error, they end
+        without an answer (outcome unknown)."""
         self.closed = True
         last = event.last_stream_id or 0
+        graceful = event.error_code == h2.errors.ErrorCodes.NO_ERROR
         code = event.error_code.name if isinstance(event.error_code, h2.errors.ErrorCodes) else event.error_code
         for stream_id, stream in self._streams.items():
             if stream_id > last:
                 stream.fail(Refused("goaway", f"the upstream sent GOAWAY ({code}, last stream {last}) before processing it"))
-            else:
+            elif not graceful:
                 stream.fail(ConnectionResetError(f"the upstream sent GOAWAY ({code}, last stream {last}) before answering"))
 
     def _lost(self, error: BaseException) -> None:
@@ -202,6 +219,8 @@ class H2Connection(asyncio.Protocol):
             self._end_stream(stream_id, stream)
             if not self._streams:
                 self.idle_since = self._clock()
+                if self._retired:
+                    self.close()
 
     async def _send_body(self, stream_id: int, stream: _Stream, body: bytes, idle: float) -> None:
         view = memoryview(body)
@@ -231,15 +250,18 @@ class H2Connection(asyncio.Protocol):
         except h2.exceptions.H2Error:
             pass
 
+    def retire(self) -> None:
+        """No new streams; closed once the streams in flight have ended (another connection takes its place)."""
+        self.closed = self._retired = True
+        if not self._streams:
+            self.close()
+
     def close(self) -> None:
-        """GOAWAY, then close (at the sender's shutdown, or when another connection took this one's place)."""
+        """GOAWAY, then close, whatever is in flight (at the proxy's shutdown)."""
         if self.transport is None or self.transport.is_closing():
             return
-        if not self.closed:
-            self.closed = True
-            try:
-                self._h2.close_connection()
-                self._flush()
-            except h2.exceptions.H2Error:
-                pass
+        self.closed = True
+        with contextlib.suppress(h2.exceptions.H2Error):
+            self._h2.close_connection()
+            self._flush()
         self.transport.close()

@@ -457,7 +457,7 @@ class UpstreamSender:
                 raise
             attempt.resent = refused.reason
             attempt.written = False
-            conn.closed = True  # a new connection for the second try, and for the writes after it
+            conn.retire()  # a new connection for the second try, and for the writes after it
             async with asyncio.timeout(attempt.timeouts.connect):
                 channel = await self._connect(request.origin, self._ssl_reuse)
             if isinstance(channel, H2Connection):
@@ -484,8 +484,8 @@ class UpstreamSender:
             conn.data_received(pending)
         replaced = self._h2.get(origin)
         self._h2[origin] = conn
-        if replaced is not None and replaced.idle:
-            replaced.close()
+        if replaced is not None:
+            replaced.retire()
         return conn
 
     def _after(
@@ -503,15 +503,19 @@ class UpstreamSender:
             conn.stream.close()
 
     def close(self) -> None:
-        """Close the idle connections, and the HTTP/2 ones (GOAWAY): when the sender is replaced, and at shutdown."""
+        """When the sender is replaced (new TLS settings, a new config): the idle connections closed, the HTTP/2
+        ones once their streams in flight have ended."""
         self._idle.close()
         for conn in self._h2.values():
-            conn.close()
+            conn.retire()
         self._h2.clear()
 
     async def aclose(self) -> None:
         """The addon's `done`: nothing kept past the proxy."""
-        self.close()
+        self._idle.close()
+        for conn in self._h2.values():
+            conn.close()
+        self._h2.clear()
 
 
 async def _answers_ping(conn: H2Connection) -> bool:

@@ -6,6 +6,7 @@ refuse streams on demand, which general servers do not: the ways an HTTP/2 strea
 - `/goaway-below/<key>/...`: the first stream for <key> gets a GOAWAY whose last-stream-id is below it (it was not
   processed), and the connection closes; later ones are answered;
 - `/goaway-above/...`: processed, then a GOAWAY whose last-stream-id covers it, and the connection closes unanswered;
+- `/drain/...`: processed, a GOAWAY covering it (a graceful shutdown), then answered, and the connection closes;
 - `/reset-after/...`: processed, then RST_STREAM INTERNAL_ERROR;
 - `/hold/<key>/...`: processed, answered once `release(key)` is called;
 - anything else: processed, 201 `{"id": n}`.
@@ -192,6 +193,11 @@ class _Connection(asyncio.Protocol):
         self.up._note(lambda: self.up.processed.append(Processed(url.path, body, self.number)))
         if kind == "goaway-above":
             return self.goaway(stream_id)
+        if kind == "drain":  # a graceful shutdown: GOAWAY covering this stream, which is still answered
+            self.h2.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR, last_stream_id=stream_id)
+            self.h2.state_machine.state = h2.connection.ConnectionState.SERVER_OPEN  # h2 sends nothing after a GOAWAY
+            self.answer(stream_id, then_close=True)
+            return None
         if kind == "reset-after":
             self.heads.pop(stream_id)
             self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
@@ -212,7 +218,7 @@ class _Connection(asyncio.Protocol):
         self.answer(stream_id)
         self.flush()
 
-    def answer(self, stream_id: int) -> None:
+    def answer(self, stream_id: int, then_close: bool = False) -> None:
         self.heads.pop(stream_id, None)
         if self.transport is None or self.transport.is_closing():
             return
@@ -221,6 +227,10 @@ class _Connection(asyncio.Protocol):
         self.h2.send_headers(stream_id, head)
         self.h2.send_data(stream_id, body, end_stream=True)
         self.served += 1
+        if then_close:
+            self.flush()
+            self.transport.close()
+            return None
         if self.up.goaway_every is not None and self.served % self.up.goaway_every == 0:
             return self.goaway(stream_id)
         self.idle_soon()

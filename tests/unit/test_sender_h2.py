@@ -98,6 +98,12 @@ def test_a_stream_the_upstream_may_have_processed_is_never_sent_again(up, path):
     assert up.count(path) == 1 and up.refused == []
 
 
+def test_a_stream_under_a_graceful_goaway_is_still_answered(up):
+    [result] = run(lambda sender, clock: asyncio.gather(post(sender, up.base + "/drain/x")))
+    assert result.end == SendEnd.ANSWERED and result.resent is None, result
+    assert up.count("/drain/x") == 1
+
+
 def test_the_upstreams_idle_goaway_leads_to_a_new_connection():
     up = H2Upstream(idle_timeout=0.2).start()
     try:
