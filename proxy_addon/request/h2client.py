@@ -162,6 +162,9 @@ class H2Connection(asyncio.Protocol):
                 stream.fail(Refused("goaway", f"the upstream sent GOAWAY ({code}, last stream {last}) before processing it"))
             elif not graceful:
                 stream.fail(ConnectionResetError(f"the upstream sent GOAWAY ({code}, last stream {last}) before answering"))
+        self._retired = True  # closed from our side once what it still answers has ended (now, when nothing is)
+        if not self._streams:
+            self.close()
 
     def _lost(self, error: BaseException) -> None:
         self.closed = True

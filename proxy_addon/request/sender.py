@@ -23,8 +23,15 @@ bytes it sent before the reset are read first (`_Stream` keeps data ahead of the
 a complete answer stands whatever became of the rest of the write.
 
 Connections are reused (`upstream_connections: reuse`, the default): a handshake per write costs one round
-trip, two with TLS, and the TLS handshake's CPU, on every write to a remote API. Reuse is safe only where it
-cannot turn into a false outcome_unknown, or a second send:
+trip, two with TLS, and the TLS handshake's CPU, on every write to a remote API. Reuse must never turn into a
+second send on a guess, and should not into a false outcome_unknown:
+- HTTP/2 (offered by ALPN over TLS, then HTTP/1.1): one connection per origin, shared by concurrent writes as
+  streams (h2client.py). HTTP/2 says what HTTP/1.1 cannot: a stream the upstream refused before processing it
+  (REFUSED_STREAM, or one above a GOAWAY's last-stream-id) provably was not acted on. That is the one case a
+  write is sent again: once, on a new connection, and SendResult.resent says so for the receipt's history; a
+  second refusal is not sent again (rejected, not sent: nothing was processed). Every other end without an
+  answer is ambiguous, as on HTTP/1.1. A connection idle for `upstream_keepalive` is checked with a PING first
+  (nothing is sent on a connection that no longer answers).
 - HTTP/1.1. A kept-alive connection that the upstream closes while idle fails exactly like "read the request,
   then reset" when its close crosses our request on the wire, and nothing afterwards can tell the two apart.
   So a connection is used again only while that crossing cannot happen: idle for less than the host's
@@ -36,8 +43,10 @@ cannot turn into a false outcome_unknown, or a second send:
   outcome_unknown, never resent; `receipts_reused_connection_unknowns_total` counts those that got no byte of
   an answer on a reused connection, so an operator sees whether reuse costs anything on a host and can set
   `upstream_connections: fresh` there.
-- `fresh` is one connection per write: the request says `Connection: close`, and our side closes once the
-  upstream has (or after LINGER), so the TIME_WAIT stays with the upstream rather than using up this host's ports.
+- `fresh` is one HTTP/1.1 connection per write: the request says `Connection: close`, and our side closes once
+  the upstream has (or after LINGER), so the TIME_WAIT stays with the upstream rather than using up this host's
+  ports.
+Idle connections are bounded (MAX_IDLE_PER_ORIGIN, each closed when its bound passes) and closed with the sender.
 """
 
 import asyncio

@@ -6,6 +6,8 @@ upstreams (support/answering.py), httpx through the proxy, receipts on SQLite an
 - An answer that came before the upstream read the whole request (an early 413 or 401, then a reset) stands.
 - With mitmproxy's `stream_large_bodies`, a journaled write still goes upstream exactly once.
 - An upstream closing idle connections (after 0.3 s, after 1 s) never turns into a false outcome_unknown.
+- HTTP/2: a stream refused unprocessed is sent once more (the history says so), never a third time; one the
+  upstream may have processed is outcome_unknown.
 The timeout and early-answer writes go on a reused connection (an earlier write leaves it idle): its history
 says so.
 """
@@ -17,6 +19,7 @@ import pytest
 from support.answering import AnsweringUpstream
 from support.bodies import binary
 from support.e2e import open_store, proxy_client, tag
+from support.h2_upstream import H2Upstream
 from support.proxy import start_inprocess_proxy
 
 BIG_BODY = 16 * 1024 * 1024  # far more than the kernel buffers: the upstream answers while it is being written
@@ -29,6 +32,7 @@ def ups():
         "idle_0_3": AnsweringUpstream(idle_timeout=0.3).start(),
         "idle_1": AnsweringUpstream(idle_timeout=1.0).start(),
         "deadline": AnsweringUpstream().start(),
+        "h2": H2Upstream().start(),
     }
     try:
         yield started
@@ -45,9 +49,9 @@ def running_proxy(db_url: str, ups: dict, tmp: Path, **options):
         "hosts:\n"
         f'  "127.0.0.1:{ups["deadline"].port}": {{upstream_deadline: 1s}}\n'
     )
-    proxy = start_inprocess_proxy(config, db_url, tmp / "confdir", **options)
+    proxy = start_inprocess_proxy(config, db_url, tmp / "confdir", ssl_insecure=True, **options)
     try:
-        with open_store(db_url) as store, proxy_client(proxy.url) as client:
+        with open_store(db_url) as store, proxy_client(proxy.url, verify=False) as client:
             yield {"store": store, "client": client}
     finally:
         proxy.stop()
@@ -181,3 +185,33 @@ def test_an_upstream_closing_idle_connections_gives_no_false_unknown(env, ups, n
         assert up.count(path) == 1
         assert not on_reused_connection(env, r)
     assert up.accepted == accepted + 3
+
+
+# -- HTTP/2 upstreams -----------------------------------------------------------------------------------------
+
+
+def test_http2_a_refused_stream_is_sent_once_more_and_the_history_says_so(env, ups):
+    path = f"/refuse/{tag()}/x"
+    r = env["client"].post(ups["h2"].base + path, json={"x": 1})
+    assert r.status_code == 201 and r.headers["X-Receipt-State"] == "succeeded", r.text
+    verdict = env["store"].receipts.history(r.headers["X-Receipt-Id"])[-1]
+    assert verdict.detail["resent"] == "refused_stream"
+    assert ups["h2"].count(path) == 1
+
+
+def test_http2_a_stream_refused_twice_is_not_sent_again_and_may_be_retried(env, ups):
+    path = f"/refuse/{tag()}/x"
+    r = env["client"].post(ups["h2"].base + path + "?times=5", json={"x": 1})
+    assert r.status_code == 502 and r.json()["type"].endswith("not-sent"), r.text
+    receipt = receipt_of(env, r)
+    assert (receipt.state, receipt.error_code) == ("rejected", "not_sent")
+    assert ups["h2"].count(path) == 0 and ups["h2"].refused.count(path + "?times=5") == 2
+
+
+@pytest.mark.parametrize("kind", ["goaway-above", "reset-after"])
+def test_http2_a_stream_the_upstream_may_have_processed_is_outcome_unknown(env, ups, kind):
+    path = f"/{kind}/{tag()}"
+    r = env["client"].post(ups["h2"].base + path, json={"x": 1})
+    assert r.status_code == 504 and r.json()["type"].endswith("outcome-unknown"), r.text
+    assert receipt_of(env, r).state == "outcome_unknown"
+    assert ups["h2"].count(path) == 1

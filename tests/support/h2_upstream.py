@@ -20,6 +20,7 @@ import asyncio
 import json
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -31,12 +32,16 @@ import h2.events
 
 from support.e2e import self_signed_server_context
 
+CLOSE_AFTER_GOAWAY = 1.0  # seconds a connection that sent GOAWAY waits for the client to close first
+
 
 @dataclass(frozen=True)
 class Processed:
     path: str
     body: bytes
     connection: int
+    idempotency_key: str | None
+    at: float  # time.monotonic()
 
 
 @dataclass
@@ -121,6 +126,8 @@ class _Connection(asyncio.Protocol):
         self.served = 0
         self.idle_close: asyncio.TimerHandle | None = None
         self.number = 0
+        self.going_away = False
+        self.last = 0  # after a GOAWAY, the last stream it processes
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -149,19 +156,26 @@ class _Connection(asyncio.Protocol):
         if self.up.idle_timeout is not None and not self.heads:
             self.idle_close = asyncio.get_running_loop().call_later(self.up.idle_timeout, self.goaway, None)
 
-    def goaway(self, last: int | None) -> None:
-        """GOAWAY (last: the highest stream it processed, or the last it took), then close."""
-        if self.transport is None or self.transport.is_closing():
+    def goaway(self, last: int | None, close_now: bool = False) -> None:
+        """GOAWAY (last: the highest stream it processed, or the last it took), then close: once the client has
+        (or after CLOSE_AFTER_GOAWAY), as servers do, or at once (a crash: what was in flight is cut off)."""
+        if self.transport is None or self.transport.is_closing() or self.going_away:
             return
+        self.going_away = True
+        self.last = self.h2.highest_inbound_stream_id if last is None else last
         self.h2.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR, last_stream_id=last)
         self.flush()
-        self.transport.close()
+        if close_now:
+            self.transport.close()
+        else:
+            asyncio.get_running_loop().call_later(CLOSE_AFTER_GOAWAY, self.transport.close)
 
     def data_received(self, data: bytes) -> None:
         try:
             events = self.h2.receive_data(data)
         except h2.exceptions.ProtocolError:
-            self.transport.close()
+            if not self.going_away:  # after its GOAWAY, h2 takes no frame: what the client still sends is ignored
+                self.transport.close()
             return
         for event in events:
             if isinstance(event, h2.events.RequestReceived):
@@ -180,6 +194,9 @@ class _Connection(asyncio.Protocol):
 
     def handle(self, stream_id: int) -> None:
         path = self.heads[stream_id][b":path"].decode()
+        if self.going_away and stream_id > self.last:  # as its GOAWAY said: not processed
+            self.up._note(lambda: self.up.refused.append(path))
+            return None
         url = urlsplit(path)
         parts = url.path.strip("/").split("/")
         kind, key = parts[0], (parts[1] if len(parts) > 1 else "")
@@ -190,9 +207,11 @@ class _Connection(asyncio.Protocol):
             self.heads.pop(stream_id)
             return self.goaway(max(stream_id - 2, 0))
         body = bytes(self.bodies.pop(stream_id))
-        self.up._note(lambda: self.up.processed.append(Processed(url.path, body, self.number)))
+        key_header = self.heads[stream_id].get(b"idempotency-key")
+        seen = Processed(url.path, body, self.number, key_header.decode() if key_header else None, time.monotonic())
+        self.up._note(lambda: self.up.processed.append(seen))
         if kind == "goaway-above":
-            return self.goaway(stream_id)
+            return self.goaway(stream_id, close_now=True)
         if kind == "drain":  # a graceful shutdown: GOAWAY covering this stream, which is still answered
             self.h2.close_connection(error_code=h2.errors.ErrorCodes.NO_ERROR, last_stream_id=stream_id)
             self.h2.state_machine.state = h2.connection.ConnectionState.SERVER_OPEN  # h2 sends nothing after a GOAWAY
