@@ -388,6 +388,7 @@ class UpstreamSender:
         self._clock = clock
         self._idle = _IdleConnections(clock)
         self._h2: dict[Origin, H2Connection] = {}
+        self._connecting: dict[Origin, asyncio.Future[H2Connection | _Connection]] = {}  # to an origin that speaks h2
 
     async def send_once(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, timeouts: Timeouts
@@ -439,7 +440,22 @@ class UpstreamSender:
         if kept is not None:
             attempt.reused = True
             return kept
-        return await self._connect(origin, self._ssl_reuse)
+        return await self._connect_shared(origin, shared)
+
+    async def _connect_shared(self, origin: Origin, replaced: H2Connection | None) -> "H2Connection | _Connection":
+        """A new connection. To an origin known to speak HTTP/2 (`replaced` is its last connection), one for all the
+        writes that want one at once: a GOAWAY mid-burst would otherwise make a connection per refused stream."""
+        if replaced is None:
+            return await self._connect(origin, self._ssl_reuse)
+        pending = self._connecting.get(origin)
+        if pending is None:
+            pending = self._connecting[origin] = asyncio.ensure_future(self._connect(origin, self._ssl_reuse))
+            pending.add_done_callback(lambda done: self._connecting.pop(origin, None))
+            return await asyncio.shield(pending)  # what it made, whatever it speaks
+        channel = await asyncio.shield(pending)
+        if isinstance(channel, H2Connection) and channel.usable:
+            return channel
+        return await self._connect(origin, self._ssl_reuse)  # HTTP/1.1 after all: a connection of its own
 
     async def _over_h1(self, conn: _Connection, request: _Request, attempt: _Attempt) -> UpstreamResponse:
         attempt.h1 = conn
@@ -468,7 +484,9 @@ class UpstreamSender:
             attempt.written = False
             conn.retire()  # a new connection for the second try, and for the writes after it
             async with asyncio.timeout(attempt.timeouts.connect):
-                channel = await self._connect(request.origin, self._ssl_reuse)
+                shared = self._h2.get(request.origin)
+                newer = shared is not None and shared is not conn and shared.usable
+                channel = shared if newer and shared is not None else await self._connect_shared(request.origin, conn)
             if isinstance(channel, H2Connection):
                 return await self._over_h2(channel, request, attempt)
             return await self._over_h1(channel, request, attempt)

@@ -6,6 +6,7 @@ refuse streams on demand, which general servers do not: the ways an HTTP/2 strea
 - `/goaway-below/<key>/...`: the first stream for <key> gets a GOAWAY whose last-stream-id is below it (it was not
   processed), and the connection closes; later ones are answered;
 - `/goaway-above/...`: processed, then a GOAWAY whose last-stream-id covers it, and the connection closes unanswered;
+- `/goaway-after/...`: processed and answered, then a GOAWAY with it as the last stream;
 - `/drain/...`: processed, a GOAWAY covering it (a graceful shutdown), then answered, and the connection closes;
 - `/reset-after/...`: processed, then RST_STREAM INTERNAL_ERROR;
 - `/hold/<key>/...`: processed, answered once `release(key)` is called;
@@ -221,6 +222,9 @@ class _Connection(asyncio.Protocol):
             self.heads.pop(stream_id)
             self.h2.reset_stream(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
             return self.idle_soon()
+        if kind == "goaway-after":  # answered, then a GOAWAY with it as the last: the streams after it are refused
+            self.answer(stream_id)
+            return self.goaway(stream_id)
         if kind == "hold":
             asyncio.get_running_loop().create_task(self.answer_when_released(stream_id, key))
             return None

@@ -85,6 +85,19 @@ def test_a_stream_refused_unprocessed_is_sent_once_more_on_a_new_connection(up, 
     assert up.accepted == 2
 
 
+def test_the_streams_a_goaway_refused_mid_burst_are_sent_once_more_together_on_one_new_connection(up):
+    async def script(sender, clock):
+        first = await post(sender, f"{up.base}/things/warm")
+        burst = [post(sender, f"{up.base}/goaway-after/x")] + [post(sender, f"{up.base}/things/{i}") for i in range(5)]
+        return [first, *await asyncio.gather(*burst)]
+
+    results = run(script)
+    assert all(r.end == SendEnd.ANSWERED for r in results), results
+    assert [r.resent for r in results[2:]] == ["goaway"] * 5 and results[1].resent is None
+    assert sorted(p.path for p in up.processed) == sorted(["/things/warm", "/goaway-after/x", *(f"/things/{i}" for i in range(5))])
+    assert up.accepted == 2  # the five resends share one new connection
+
+
 def test_a_second_refusal_is_not_sent_again(up):
     [result] = run(lambda sender, clock: asyncio.gather(post(sender, up.base + "/refuse/c/x?times=5")))
     assert result.end == SendEnd.NOT_SENT and result.resent == "refused_stream", result
