@@ -46,6 +46,12 @@ JOURNAL_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
     registry=REGISTRY,
 )
+REUSED_CONNECTION_UNKNOWNS = Counter(
+    "receipts_reused_connection_unknowns",
+    "Journaled writes sent on a reused HTTP/1.1 connection that ended with no byte of an answer (outcome_unknown): "
+    "among them, any upstream idle close that crossed the request. Compare with receipts_transitions{to_state=outcome_unknown}.",
+    registry=REGISTRY,
+)
 
 WRITER_STARTS = Counter(
     "receipts_journal_writer_starts",
@@ -91,6 +97,10 @@ def journaled(seconds: float) -> None:
     JOURNAL_SECONDS.observe(seconds)
 
 
+def reused_connection_unknown() -> None:
+    REUSED_CONNECTION_UNKNOWNS.inc()
+
+
 class StoreCollector(Collector):
     """Receipts by state and the oldest open receipt's age, queried when Prometheus scrapes."""
 
@@ -125,7 +135,17 @@ class StoreCollector(Collector):
 def registry_for(read_stats: JournalStatsReader | None) -> CollectorRegistry:
     """This process's counters, plus the store's gauges: what an admin server's /metrics serves."""
     registry = CollectorRegistry(auto_describe=True)
-    for collector in (TRANSITIONS, DUPLICATES, RECONCILE_VERDICTS, JOURNAL_SECONDS, WRITER_STARTS, WRITER_RESTARTS, WRITER_PENDING):
+    collectors = (
+        TRANSITIONS,
+        DUPLICATES,
+        RECONCILE_VERDICTS,
+        JOURNAL_SECONDS,
+        REUSED_CONNECTION_UNKNOWNS,
+        WRITER_STARTS,
+        WRITER_RESTARTS,
+        WRITER_PENDING,
+    )
+    for collector in collectors:
         registry.register(collector)
     if read_stats is not None:
         registry.register(StoreCollector(read_stats))

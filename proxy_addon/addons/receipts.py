@@ -77,7 +77,8 @@ class Receipts:
         if updated & {"receipts_config", "receipts_database_url"}:
             self._configure_journal((ctx.options.receipts_config, ctx.options.receipts_database_url))
         if self.handler is not None and updated & _TLS_OPTIONS:
-            self.handler.sender = _sender()
+            replaced, self.handler.sender = self.handler.sender, _sender()
+            replaced.close()  # its idle connections were made with the old TLS settings
 
     def _configure_journal(self, wanted: tuple[str, str]) -> None:
         """Set up for these option values, unless they are the ones already set up.
@@ -117,6 +118,8 @@ class Receipts:
             self.store.engine.dispose()
         if self.journal is not None:
             self.journal.close()
+        if self.handler is not None:
+            self.handler.sender.close()
         self.config, self.store = config, ReceiptStore(engine)
         setup = Setup(url, log_level=config.logging.level, log_format=config.logging.format, journal_timeout=config.proxy.journal_timeout)
         self.journal = JournalClient(setup, self.writer)

@@ -133,7 +133,8 @@ class WriteHandler:
                 headers.append((policy.idempotency_key_header.encode(), operation_id.encode()))
             # at debug: the planned->submitted step is in the receipt's history; the verdict line is the canonical one
             log.debug("receipt_submitted", operation=intent.operation, method=facts.method, host=facts.host)
-            timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline)
+            keepalive = policy.upstream_keepalive if policy.upstream_connections == "reuse" else None
+            timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline, keepalive)
             result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
             verdict = facts.call.verdict(send_verdict(result, policy, rule), result)  # what its protocol says
             state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy)
@@ -240,6 +241,10 @@ class WriteHandler:
             "error": verdict.error_message,
             "elapsed_ms": round(result.elapsed * 1000, 1),
         }
+        if result.reused:
+            detail["connection"] = "reused"
+        if result.resent is not None:
+            detail["resent"] = result.resent  # refused unprocessed (HTTP/2), sent again once on a new connection
         try:
             await self._advance(intent.operation_id, verdict.state, detail, updates)
         except ReceiptsError as e:

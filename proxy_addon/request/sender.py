@@ -8,10 +8,9 @@ be written (bad URL or header, no free connection slot, connect or TLS handshake
 nothing reached the upstream; one while or after writing (reset, early close, malformed answer, timeout)
 means the upstream may have acted. Reads (GET, HEAD, OPTIONS) stay on mitmproxy's own path, untouched.
 
-The client is a small HTTP/1.1 sender on an asyncio protocol with h11. It replaced httpx, whose layers
-(httpx, httpcore, anyio) cost more event-loop CPU per request than the rest of the journaling (the figures:
-docs/performance.md, "What was built, and what each step bought"). This module is the only one that knows
-the client.
+The client is a small sender on asyncio protocols with h11. It replaced httpx, whose layers (httpx, httpcore,
+anyio) cost more event-loop CPU per request than the rest of the journaling. No proxy is taken from the
+environment; mitmproxy's upstream TLS options are (TLSSettings). This module is the only one that knows the client.
 
 Timeouts. `upstream_timeout` is an idle timeout: the longest wait for the answer to begin and between two
 of its reads (while the request body is still being taken by the upstream, that progress counts too), so an
@@ -23,31 +22,55 @@ for bad credentials) and then close or reset the connection while the body is st
 bytes it sent before the reset are read first (`_Stream` keeps data ahead of the error that followed it), so
 a complete answer stands whatever became of the rest of the write.
 
-One fresh connection per journaled write, no keep-alive pool. A pooled connection that the upstream closed
-while idle fails exactly like "read the request, then reset", so reusing one risks a false outcome_unknown
-whenever the upstream's idle close crosses our request on the wire; a liveness check before reuse (age, EOF,
-readable socket) narrows that window but cannot close it, and upstreams' idle timeouts go down to 1 s and
-below. Reuse would save the connect (to an https upstream the TLS handshake too, which resuming TLS
-sessions did not make cheaper) and a round trip or two of latency to a remote upstream; what that comes to
-per write is measured in docs/performance.md ("What was built, and what each step bought"). A false
-outcome_unknown costs a blocked retry and a reconciliation or a person. We pay the connection. The request
-says `Connection: close`, and our side closes once the upstream has (or after LINGER), so the TIME_WAIT
-stays with the upstream rather than using up this host's ports.
+Connections are reused (`upstream_connections: reuse`, the default): a handshake per write costs one round
+trip, two with TLS, and the TLS handshake's CPU, on every write to a remote API. Reuse must never turn into a
+second send on a guess, and should not into a false outcome_unknown:
+- HTTP/2 (offered by ALPN over TLS, then HTTP/1.1): one connection per origin, shared by concurrent writes as
+  streams (h2client.py). HTTP/2 says what HTTP/1.1 cannot: a stream the upstream refused before processing it
+  (REFUSED_STREAM, or one above a GOAWAY's last-stream-id) provably was not acted on. That is the one case a
+  write is sent again: once, on a new connection, and SendResult.resent says so for the receipt's history; a
+  second refusal is not sent again (rejected, not sent: nothing was processed). Every other end without an
+  answer is ambiguous, as on HTTP/1.1. A connection idle for `upstream_keepalive` is checked with a PING first
+  (nothing is sent on a connection that no longer answers).
+- HTTP/1.1. A kept-alive connection that the upstream closes while idle fails exactly like "read the request,
+  then reset" when its close crosses our request on the wire, and nothing afterwards can tell the two apart.
+  So a connection is used again only while that crossing cannot happen: idle for less than the host's
+  `upstream_keepalive` (under the common servers' idle timeouts) and than the upstream's advertised
+  `Keep-Alive: timeout` less KEEPALIVE_MARGIN (its idle clock started before ours, and our request takes time
+  to reach it), and with nothing pending on it just before the write (an EOF or a stray byte that has arrived
+  means it is being closed: it is dropped, and a new one made). One request at a time on a connection, never
+  pipelined. What is left (an upstream that closes early for its own reasons) ends like any ambiguous end, as
+  outcome_unknown, never resent; `receipts_reused_connection_unknowns_total` counts those that got no byte of
+  an answer on a reused connection, so an operator sees whether reuse costs anything on a host and can set
+  `upstream_connections: fresh` there.
+- `fresh` is one HTTP/1.1 connection per write: the request says `Connection: close`, and our side closes once
+  the upstream has (or after LINGER), so the TIME_WAIT stays with the upstream rather than using up this host's
+  ports.
+Idle connections are bounded (MAX_IDLE_PER_ORIGIN, each closed when its bound passes) and closed with the sender.
 """
 
 import asyncio
+import select
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from http import HTTPStatus
 from typing import Protocol
 from urllib.parse import urlsplit
 
 import certifi
+import h2.exceptions
 import h11
+
+from proxy_addon import metrics
+from proxy_addon.request.h2client import H2Connection, Refused
 
 READ_CHUNK = 65536
 LINGER = 2.0  # seconds an answered connection waits for the upstream to close first
+KEEPALIVE_MARGIN = 1.0  # seconds taken off an upstream's advertised Keep-Alive timeout: more than any round trip
+MAX_IDLE_PER_ORIGIN = 16  # idle HTTP/1.1 connections kept per origin; more are closed
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -64,6 +87,7 @@ HOP_BY_HOP = frozenset(
 )
 _HOP_BY_HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+Origin = tuple[str, str, int]  # scheme, host, port
 
 
 class SendEnd(StrEnum):
@@ -88,6 +112,8 @@ class SendResult:
     answer: UpstreamResponse | None = None
     error: str | None = None
     elapsed: float = 0.0
+    reused: bool = False  # sent on a connection an earlier write had used
+    resent: str | None = None  # sent again, once, on a new connection: why the first was provably not processed
 
 
 @dataclass(frozen=True)
@@ -102,6 +128,7 @@ class Timeouts:
     connect: float  # getting a connection slot and connecting (TLS included)
     idle: float  # upstream_timeout: the answer's beginning, and between its reads
     deadline: float | None = None  # upstream_deadline: the whole exchange
+    keepalive: float | None = None  # upstream_keepalive: reuse a connection idle less than this; None: one per write
 
 
 def classify_exception(exc: BaseException, may_be_written: bool) -> SendEnd:
@@ -112,7 +139,7 @@ def classify_exception(exc: BaseException, may_be_written: bool) -> SendEnd:
         return SendEnd.NOT_SENT
     if isinstance(exc, TimeoutError):
         return SendEnd.TIMEOUT
-    if isinstance(exc, OSError | EOFError | h11.ProtocolError):
+    if isinstance(exc, OSError | EOFError | h11.ProtocolError | h2.exceptions.ProtocolError):
         return SendEnd.RESET
     return SendEnd.ERROR
 
@@ -125,6 +152,7 @@ class _Stream(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        self.received = 0  # bytes received since the last `expect_answer`: 0 means no byte of an answer
         self._ended = False  # EOF or connection lost
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -134,6 +162,7 @@ class _Stream(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
+        self.received += len(data)
         self._wake()
 
     def eof_received(self) -> bool:
@@ -167,6 +196,12 @@ class _Stream(asyncio.Protocol):
         self._buffer.clear()
         return data
 
+    def take_buffer(self) -> bytes:
+        """What arrived and was not read yet (for the protocol that takes the connection over)."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
+
     @property
     def unsent(self) -> int:
         """Bytes of the request the transport still holds: when it shrinks, the upstream is taking the body."""
@@ -187,10 +222,33 @@ class _Stream(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
-async def _exchange(stream: _Stream, h: h11.Connection, request: list[bytes], idle: float) -> UpstreamResponse:
+    def quiet(self) -> bool:
+        """Open, and nothing pending on it: no EOF, no error, no stray byte, neither read yet nor waiting in the
+        socket (the upstream's idle close may be there before the event loop has seen it)."""
+        transport = self.transport
+        if self._ended or self._buffer or transport is None or transport.is_closing():
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        poll = select.poll()
+        poll.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        try:
+            return not poll.poll(0)  # readable: data or EOF; an error or hang-up shows too
+        except OSError:
+            return False
+
+
+async def _exchange(
+    stream: _Stream, h: h11.Connection, request: list[bytes], idle: float
+) -> tuple[UpstreamResponse, h11.Response]:
     """Write the whole request, read the whole answer. The write proceeds in the background (the transport
-    flushes it as the upstream takes it) while the answer is read, so an answer that comes early is read."""
+    flushes it as the upstream takes it) while the answer is read, so an answer that comes early is read.
+    Returns the answer, and its head as received (its Keep-Alive header says how long the connection may idle)."""
     assert stream.transport is not None
     stream.transport.writelines(request)
     response: h11.Response | None = None
@@ -219,12 +277,107 @@ async def _exchange(stream: _Stream, h: h11.Connection, request: list[bytes], id
             raise h11.RemoteProtocolError("the upstream closed the connection before answering")
         # InformationalResponse (1xx): keep reading
     assert response is not None
-    return UpstreamResponse(
+    answer = UpstreamResponse(
         status_code=response.status_code,
         reason=response.reason.decode("latin-1"),
         headers=[(k, v) for k, v in response.headers.raw_items() if k.lower() not in _HOP_BY_HOP_BYTES],
         content=b"".join(chunks),
     )
+    return answer, response
+
+
+@dataclass(eq=False)
+class _Connection:
+    """An HTTP/1.1 connection; between writes, since when it has been idle and how long it may stay so."""
+
+    stream: _Stream
+    uses: int = 0
+    idle_since: float = 0.0
+    usable_for: float = 0.0
+    expiry: asyncio.TimerHandle | None = None
+
+    def settle(self) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
+
+
+class _IdleConnections:
+    """HTTP/1.1 connections at rest, by origin (and TLS settings: one pool per sender), the most recent last.
+
+    A connection is taken only while idle for less than its bound and with nothing pending on it; each is
+    closed when its bound passes, and past MAX_IDLE_PER_ORIGIN the oldest is."""
+
+    def __init__(self, clock: Callable[[], float], per_origin: int = MAX_IDLE_PER_ORIGIN):
+        self._clock, self._per_origin = clock, per_origin
+        self._idle: dict[Origin, list[_Connection]] = {}
+
+    def take(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        now = self._clock()
+        while idle:
+            conn = idle.pop()
+            conn.settle()
+            if now - conn.idle_since < conn.usable_for and conn.stream.quiet():
+                return conn
+            conn.stream.close()  # idle too long, or the upstream closed it (or sent what no request asked for)
+        return None
+
+    def put(self, origin: Origin, conn: _Connection, usable_for: float) -> None:
+        conn.idle_since, conn.usable_for = self._clock(), usable_for
+        idle = self._idle.setdefault(origin, [])
+        idle.append(conn)
+        if len(idle) > self._per_origin:
+            self._drop(origin, idle[0])
+        conn.expiry = asyncio.get_running_loop().call_later(usable_for, self._drop, origin, conn)
+
+    def _drop(self, origin: Origin, conn: _Connection) -> None:
+        conn.settle()
+        idle = self._idle.get(origin, [])
+        if conn in idle:
+            idle.remove(conn)
+        conn.stream.close()
+
+    def close(self) -> None:
+        for origin, idle in list(self._idle.items()):
+            for conn in list(idle):
+                self._drop(origin, conn)
+        self._idle.clear()
+
+
+@dataclass
+class _Request:
+    """A request ready to go: its origin, its HTTP/1.1 bytes with the h11 connection that will read the answer,
+    and its HTTP/2 head."""
+
+    origin: Origin
+    h: h11.Connection
+    chunks: list[bytes]
+    h2_head: list[tuple[bytes, bytes]]
+    content: bytes
+
+
+class _Attempt:
+    """What one send has done so far: what decides how a failure is classified and what is left to undo."""
+
+    def __init__(self, timeouts: Timeouts):
+        self.timeouts = timeouts
+        self.acquired = False  # holds a connection slot
+        self.written = False  # a byte of the request may have reached the upstream
+        self.reused = False
+        self.resent: str | None = None
+        self.h1: _Connection | None = None  # the HTTP/1.1 connection in use, to abort on failure
+
+    def failed(self, e: Exception, deadline_expired: bool, started: float) -> SendResult:
+        end = classify_exception(e, self.written)
+        if self.h1 is not None:
+            self.h1.stream.abort()
+            if self.reused and end != SendEnd.NOT_SENT and self.h1.stream.received == 0:
+                metrics.reused_connection_unknown()
+        if isinstance(e, TimeoutError):
+            e = TimeoutError(_timeout_text(self.timeouts, deadline_expired, self.written, self.acquired))
+        error = _describe(e)
+        return SendResult(end, error=error, elapsed=time.monotonic() - started, reused=self.reused, resent=self.resent)
 
 
 class Sender(Protocol):
@@ -235,63 +388,231 @@ class Sender(Protocol):
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, timeouts: Timeouts
     ) -> SendResult: ...
 
+    def close(self) -> None:
+        """Close what is idle now; writes in flight finish on their connections."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
 class UpstreamSender:
-    def __init__(self, tls: TLSSettings, max_connections: int = 200):
-        self._ssl = _ssl_context(tls)
+    def __init__(self, tls: TLSSettings, max_connections: int = 200, clock: Callable[[], float] = time.monotonic):
+        self._tls = tls
+        self._ssl = _ssl_context(tls, ["http/1.1"])  # fresh: today's one connection per write, HTTP/1.1
+        self._ssl_reuse = _ssl_context(tls, ["h2", "http/1.1"])
         self._slots = asyncio.Semaphore(max_connections)
+        self._clock = clock
+        self._idle = _IdleConnections(clock)
+        self._h2: dict[Origin, H2Connection] = {}
+        self._connecting: dict[Origin, asyncio.Future[H2Connection | _Connection]] = {}  # to an origin that speaks h2
 
     async def send_once(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, timeouts: Timeouts
     ) -> SendResult:
-        """One attempt on a connection of its own."""
+        """One attempt (and, only for a stream the upstream refused unprocessed, one more on a new connection)."""
         started = time.monotonic()
         try:
-            origin, h, request = _prepare(method, url, headers, content)
+            request = _prepare(method, url, headers, content, keep_alive=timeouts.keepalive is not None)
         except (ValueError, h11.LocalProtocolError) as e:
             return SendResult(SendEnd.NOT_SENT, error=_describe(e), elapsed=time.monotonic() - started)
-        stream: _Stream | None = None
-        written = False
-        acquired = False
+        attempt = _Attempt(timeouts)
         try:
             async with asyncio.timeout(timeouts.deadline) as deadline:
                 try:
-                    async with asyncio.timeout(timeouts.connect):
-                        await self._slots.acquire()
-                        acquired = True
-                        stream = await self._connect(origin)
-                    written = True  # from here on the upstream may receive the request and act on it
-                    answer = await _exchange(stream, h, request, timeouts.idle)
+                    answer = await self._send(request, attempt)
                 finally:
-                    if acquired:
+                    if attempt.acquired:
                         self._slots.release()
         except Exception as e:  # noqa: BLE001 - every failure is classified by when it happened
-            if stream is not None:
-                stream.abort()
-            end = classify_exception(e, written)
-            if isinstance(e, TimeoutError):
-                e = TimeoutError(_timeout_text(timeouts, deadline.expired(), written, acquired))
-            return SendResult(end, error=_describe(e), elapsed=time.monotonic() - started)
+            return attempt.failed(e, deadline.expired(), started)
         except BaseException:
-            if stream is not None:
-                stream.abort()
+            if attempt.h1 is not None:
+                attempt.h1.stream.abort()
             raise
-        stream.close_when_upstream_has()
-        return SendResult(SendEnd.ANSWERED, answer, elapsed=time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        return SendResult(SendEnd.ANSWERED, answer, elapsed=elapsed, reused=attempt.reused, resent=attempt.resent)
 
-    async def _connect(self, origin: tuple[str, str, int]) -> _Stream:
+    async def _send(self, request: _Request, attempt: _Attempt) -> UpstreamResponse:
+        async with asyncio.timeout(attempt.timeouts.connect):
+            await self._slots.acquire()
+            attempt.acquired = True
+            channel = await self._channel(request.origin, attempt)
+        if isinstance(channel, H2Connection):
+            return await self._over_h2(channel, request, attempt)
+        return await self._over_h1(channel, request, attempt)
+
+    async def _channel(self, origin: Origin, attempt: _Attempt) -> "H2Connection | _Connection":
+        """A connection to send on: the origin's HTTP/2 one (checked with a PING after upstream_keepalive of
+        idleness), an idle HTTP/1.1 one fit for reuse, or a new one."""
+        keepalive = attempt.timeouts.keepalive
+        if keepalive is None:
+            return await self._connect(origin, self._ssl)
+        shared = self._h2.get(origin)
+        fresh_enough = shared is not None and (not shared.idle or self._clock() - shared.idle_since < keepalive)
+        if shared is not None and shared.usable and (fresh_enough or await _answers_ping(shared)):
+            attempt.reused = True
+            return shared
+        kept = self._idle.take(origin)
+        if kept is not None:
+            attempt.reused = True
+            return kept
+        return await self._connect_shared(origin, shared)
+
+    async def _connect_shared(self, origin: Origin, replaced: H2Connection | None) -> "H2Connection | _Connection":
+        """A new connection. To an origin known to speak HTTP/2 (`replaced` is its last connection), one for all the
+        writes that want one at once: a GOAWAY mid-burst would otherwise make a connection per refused stream."""
+        if replaced is None:
+            return await self._connect(origin, self._ssl_reuse)
+        pending = self._connecting.get(origin)
+        if pending is None:
+            pending = self._connecting[origin] = asyncio.ensure_future(self._connect(origin, self._ssl_reuse))
+            pending.add_done_callback(lambda done: self._connecting.pop(origin, None))
+            return await asyncio.shield(pending)  # what it made, whatever it speaks
+        channel = await asyncio.shield(pending)
+        if isinstance(channel, H2Connection) and channel.usable:
+            return channel
+        return await self._connect(origin, self._ssl_reuse)  # HTTP/1.1 after all: a connection of its own
+
+    async def _over_h1(self, conn: _Connection, request: _Request, attempt: _Attempt) -> UpstreamResponse:
+        attempt.h1 = conn
+        attempt.written = True  # from here on the upstream may receive the request and act on it
+        conn.stream.received = 0
+        answer, head = await _exchange(conn.stream, request.h, request.chunks, attempt.timeouts.idle)
+        conn.uses += 1
+        attempt.h1 = None
+        self._after(request.origin, conn, request.h, head, attempt.timeouts.keepalive)
+        return answer
+
+    async def _over_h2(self, conn: H2Connection, request: _Request, attempt: _Attempt) -> UpstreamResponse:
+        """One stream; if the upstream refused it unprocessed, once more on a new connection, and no more."""
+        try:
+            stream_id = conn.open_stream(request.h2_head, end_stream=not request.content)
+        except h2.exceptions.H2Error as e:
+            raise ValueError(f"HTTP/2 refused the request's head: {e}") from e  # nothing was sent
+        attempt.written = True
+        try:
+            head, body = await conn.exchange(stream_id, request.content, attempt.timeouts.idle)
+        except Refused as refused:
+            if attempt.resent is not None:
+                attempt.written = False  # refused twice, processed neither time: not sent
+                raise
+            attempt.resent = refused.reason
+            attempt.written = False
+            conn.retire()  # a new connection for the second try, and for the writes after it
+            async with asyncio.timeout(attempt.timeouts.connect):
+                shared = self._h2.get(request.origin)
+                newer = shared is not None and shared is not conn and shared.usable
+                channel = shared if newer and shared is not None else await self._connect_shared(request.origin, conn)
+            if isinstance(channel, H2Connection):
+                return await self._over_h2(channel, request, attempt)
+            return await self._over_h1(channel, request, attempt)
+        return _h2_answer(head, body)
+
+    async def _connect(self, origin: Origin, context: ssl.SSLContext) -> "H2Connection | _Connection":
+        """A new connection; over TLS, HTTP/2 when the upstream chose it by ALPN (it becomes the origin's shared one)."""
         scheme, host, port = origin
         loop = asyncio.get_running_loop()
-        if scheme == "https":
-            _, stream = await loop.create_connection(_Stream, host, port, ssl=self._ssl, server_hostname=host)
-        else:
+        if scheme != "https":
             _, stream = await loop.create_connection(_Stream, host, port)
-        return stream
+            return _Connection(stream)
+        transport, stream = await loop.create_connection(_Stream, host, port, ssl=context, server_hostname=host)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is None or ssl_object.selected_alpn_protocol() != "h2":
+            return _Connection(stream)
+        conn = H2Connection(self._clock)
+        transport.set_protocol(conn)
+        conn.connection_made(transport)
+        pending = stream.take_buffer()  # what arrived before the switch (the upstream's SETTINGS)
+        if pending:
+            conn.data_received(pending)
+        replaced = self._h2.get(origin)
+        self._h2[origin] = conn
+        if replaced is not None:
+            replaced.retire()
+        return conn
+
+    def _after(
+        self, origin: Origin, conn: _Connection, h: h11.Connection, head: h11.Response, keepalive: float | None
+    ) -> None:
+        """Keep an answered connection for the next write when both sides may go on with it; else close it: now,
+        when the upstream would keep it open, or once it has closed its side (the TIME_WAIT stays with it)."""
+        if not _reusable(h, conn.stream):
+            conn.stream.close_when_upstream_has()
+            return
+        usable_for = _usable_for(head, keepalive)
+        if usable_for > 0:
+            self._idle.put(origin, conn, usable_for)
+        else:
+            conn.stream.close()
+
+    def close(self) -> None:
+        """When the sender is replaced (new TLS settings, a new config): the idle connections closed, the HTTP/2
+        ones once their streams in flight have ended."""
+        self._idle.close()
+        for conn in self._h2.values():
+            conn.retire()
+        self._h2.clear()
 
     async def aclose(self) -> None:
-        """Nothing is kept between writes; here for the addon's `done`."""
+        """The addon's `done`: nothing kept past the proxy."""
+        self._idle.close()
+        for conn in self._h2.values():
+            conn.close()
+        self._h2.clear()
+
+
+async def _answers_ping(conn: H2Connection) -> bool:
+    """Whether an HTTP/2 connection idle for a while still answers (the caller's connect timeout bounds it)."""
+    try:
+        await conn.ping()
+    except ConnectionError:
+        return False
+    return True
+
+
+def _h2_answer(head: list[tuple[bytes, bytes]], body: bytes) -> UpstreamResponse:
+    status = int(next(v for k, v in head if k == b":status"))
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = ""
+    headers = [(k, v) for k, v in head if not k.startswith(b":") and k.lower() not in _HOP_BY_HOP_BYTES]
+    return UpstreamResponse(status_code=status, reason=reason, headers=headers, content=body)
+
+
+def _reusable(h: h11.Connection, stream: _Stream) -> bool:
+    """Both sides finished this exchange and may go on (no `Connection: close`, no HTTP/1.0, no answer delimited by
+    the close), the whole request has left, and nothing came after the answer."""
+    return (
+        h.our_state is h11.DONE
+        and h.their_state is h11.DONE
+        and not any(h.trailing_data)
+        and stream.unsent == 0
+        and stream.quiet()
+    )
+
+
+def _usable_for(head: h11.Response, keepalive: float | None) -> float:
+    """How long the connection may idle and still be used: `upstream_keepalive`, and less than the upstream's
+    advertised `Keep-Alive: timeout=N` by KEEPALIVE_MARGIN (its idle clock started before ours, and our request
+    takes time to reach it); 0 when `max=0` says it takes no more requests, or when reuse is off."""
+    if keepalive is None:
+        return 0.0
+    bound = keepalive
+    for name, value in head.headers:
+        if name != b"keep-alive":  # h11 lower-cases header names
+            continue
+        for param in value.decode("latin-1").split(","):
+            key, _, number = param.strip().partition("=")
+            try:
+                parsed = float(number.strip().strip('"'))
+            except ValueError:
+                continue
+            if key.strip().lower() == "timeout":
+                bound = min(bound, parsed - KEEPALIVE_MARGIN)
+            elif key.strip().lower() == "max" and parsed <= 0:
+                bound = 0.0
+    return max(bound, 0.0)
 
 
 def _timeout_text(timeouts: Timeouts, deadline_expired: bool, written: bool, acquired: bool) -> str:
@@ -303,10 +624,10 @@ def _timeout_text(timeouts: Timeouts, deadline_expired: bool, written: bool, acq
 
 
 def _prepare(
-    method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes
-) -> tuple[tuple[str, str, int], h11.Connection, list[bytes]]:
-    """Origin, the h11 connection that will read the answer, and the request's bytes; raises ValueError or
-    h11.LocalProtocolError (nothing sent)."""
+    method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, keep_alive: bool = False
+) -> _Request:
+    """The request for either protocol; raises ValueError or h11.LocalProtocolError (nothing sent). Without
+    `keep_alive` it says `Connection: close`."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
@@ -321,24 +642,33 @@ def _prepare(
         sendable.insert(0, (b"host", parts.netloc.rpartition("@")[2].encode("idna")))
     if content or method.upper() not in ("GET", "HEAD", "OPTIONS", "TRACE"):
         sendable.append((b"content-length", str(len(content)).encode()))
-    sendable.append((b"connection", b"close"))
+    h2_head = _h2_head(method, scheme, target, sendable)
+    if not keep_alive:
+        sendable.append((b"connection", b"close"))
     h = h11.Connection(h11.CLIENT)  # validates the head (a header value the protocol forbids raises here)
     events: list[h11.Event] = [h11.Request(method=method.encode(), target=target.encode("ascii", "strict"), headers=sendable)]
     if content:
         events.append(h11.Data(data=content))
     events.append(h11.EndOfMessage())
     chunks = [chunk for event in events for chunk in h.send_with_data_passthrough(event) or ()]  # the body not copied
-    return (scheme, host, port), h, chunks
+    return _Request((scheme, host, port), h, chunks, h2_head, content)
 
 
-def _ssl_context(tls: TLSSettings) -> ssl.SSLContext:
+def _h2_head(method: str, scheme: str, target: str, sendable: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The HTTP/2 head: pseudo-headers first (`Host` becomes `:authority`), names lower-case."""
+    authority = next(v for k, v in sendable if k.lower() == b"host")
+    pseudo = [(b":method", method.encode()), (b":scheme", scheme.encode()), (b":authority", authority), (b":path", target.encode())]
+    return pseudo + [(k.lower(), v) for k, v in sendable if k.lower() != b"host"]
+
+
+def _ssl_context(tls: TLSSettings, alpn: list[str]) -> ssl.SSLContext:
     if tls.insecure:
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     else:
         ctx = ssl.create_default_context(cafile=tls.ca_file or certifi.where(), capath=tls.ca_dir)
-    ctx.set_alpn_protocols(["http/1.1"])
+    ctx.set_alpn_protocols(alpn)
     return ctx
 
 

@@ -12,9 +12,10 @@ do, chosen by the request's path, and records every request it received:
 - `/hold-stream/<key>/...`: 200 with a chunked body whose first chunk comes at once, the rest after `release(key)`;
 - anything else: 201 with `{"id": n}`, or `?status=S`.
 
-`idle_timeout` models an upstream that closes idle keep-alive connections: a request arriving on a
-connection idle that long is treated as arriving after the close (the connection is reset, the request is
-not read, not recorded): exactly what happens when an idle close crosses a request on the wire.
+`idle_timeout` is an upstream that closes keep-alive connections idle that long (as uvicorn or Node.js do):
+it closes the connection when no request has begun in that time; a request that crosses the close on the wire
+is reset by the kernel, never read. `keep_alive_header` is sent as `Keep-Alive` in every answer. `accepted` and
+`open` count its connections (accepted in all; open now), so a test can wait for its idle close, not guess it.
 """
 
 import asyncio
@@ -22,9 +23,7 @@ import contextlib
 import gzip
 import json
 import socket
-import struct
 import threading
-import time
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
@@ -42,7 +41,10 @@ class Seen:
 @dataclass
 class AnsweringUpstream:
     idle_timeout: float | None = None
+    keep_alive_header: str | None = None
     seen: list[Seen] = field(default_factory=list)
+    accepted: int = 0
+    open: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
@@ -98,41 +100,54 @@ class AnsweringUpstream:
         with self._arrived:
             return self._arrived.wait_for(lambda: self.count(path) >= n, timeout)
 
+    def wait_closed(self, timeout: float = 10.0) -> bool:
+        """Until no connection is open (the idle close happened), bounded by `timeout`."""
+        with self._arrived:
+            return self._arrived.wait_for(lambda: self.open == 0, timeout)
+
+    def _count_connection(self, change: int) -> None:
+        with self._arrived:
+            if change > 0:
+                self.accepted += 1
+            self.open += change
+            self._arrived.notify_all()
+
     # -- serving ------------------------------------------------------------------------------------------
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         h = h11.Connection(h11.SERVER)
-        idle_since = time.monotonic()
+        self._count_connection(+1)
         try:
             while True:
-                request, body = await self._read_request(h, reader, writer, idle_since)
+                request, body = await self._read_request(h, reader)
                 if request is None:
                     return
                 await self._answer(h, request, body, reader, writer)
                 if h.our_state is not h11.DONE or h.their_state is not h11.DONE:
                     return
                 h.start_next_cycle()
-                idle_since = time.monotonic()
-        except (ConnectionError, h11.ProtocolError):
-            return
+        except (ConnectionError, h11.ProtocolError, TimeoutError):
+            return  # TimeoutError: idle for idle_timeout, closed (a request crossing the close is reset unread)
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
+                await writer.wait_closed()
+            self._count_connection(-1)
 
     async def _read_request(
-        self, h: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, idle_since: float
+        self, h: h11.Connection, reader: asyncio.StreamReader
     ) -> tuple[h11.Request | None, bytes | None]:
-        """The next request's head; its body too, unless the path answers early (then None)."""
+        """The next request's head; its body too, unless the path answers early (then None). Raises TimeoutError
+        when no request began within idle_timeout."""
         request: h11.Request | None = None
         index = -1
         chunks: list[bytes] = []
         while True:
             event = h.next_event()
             if event is h11.NEED_DATA:
-                data = await reader.read(65536)
-                if request is None and self.idle_timeout is not None and time.monotonic() - idle_since >= self.idle_timeout:
-                    _reset(writer)  # our idle close crossed this request: it is never read
-                    return None, None
+                idle = self.idle_timeout if h.their_state is h11.IDLE and not any(h.trailing_data) else None
+                async with asyncio.timeout(idle):
+                    data = await reader.read(65536)
                 h.receive_data(data)
                 continue
             if isinstance(event, h11.ConnectionClosed):
@@ -183,19 +198,19 @@ class AnsweringUpstream:
                 (b"Set-Cookie", b"session=upstream-cookie-secret"),
                 (b"X-Request-Id", f"req-{n}".encode()),
             ]
-            return await _send(h, writer, 201, headers, pretty)
+            return await self._send(h, writer, 201, headers, pretty)
         if kind == "secret":
             secret = gzip.compress(json.dumps({**document, "token": "resp-secret-in-gzip"}, indent=2).encode())
-            return await _send(h, writer, 201, [*headers, (b"Content-Encoding", b"gzip")], secret)
+            return await self._send(h, writer, 201, [*headers, (b"Content-Encoding", b"gzip")], secret)
         if kind == "see-other":
-            return await _send(h, writer, 303, [(b"Location", f"/things/{n}".encode())], b"")
+            return await self._send(h, writer, 303, [(b"Location", f"/things/{n}".encode())], b"")
         if kind == "found":
-            return await _send(h, writer, 302, [(b"Location", f"/elsewhere/{n}".encode())], b"")
+            return await self._send(h, writer, 302, [(b"Location", f"/elsewhere/{n}".encode())], b"")
         if kind == "trickle":
             return await self._trickle(h, writer, int(query.get("chunks", ["6"])[0]), float(query.get("every", ["0.5"])[0]))
         if kind == "early":
             status = int(parts[1])
-            await _send(h, writer, status, [*headers, (b"Connection", b"close")], json.dumps({"error": status}).encode())
+            await self._send(h, writer, status, [*headers, (b"Connection", b"close")], json.dumps({"error": status}).encode())
             await writer.drain()
             writer.close()  # the body is unread: the kernel answers it with a reset
             return
@@ -209,8 +224,8 @@ class AnsweringUpstream:
         if kind == "hold":
             await self._hold(parts[1]).wait()
             status = int(query.get("status", ["201"])[0])
-            return await _send(h, writer, status, headers, json.dumps(document).encode())
-        return await _send(h, writer, int(query.get("status", ["201"])[0]), headers, json.dumps(document).encode())
+            return await self._send(h, writer, status, headers, json.dumps(document).encode())
+        return await self._send(h, writer, int(query.get("status", ["201"])[0]), headers, json.dumps(document).encode())
 
     async def _trickle(self, h: h11.Connection, writer: asyncio.StreamWriter, chunks: int, every: float) -> None:
         writer.write(h.send(h11.Response(status_code=201, headers=[(b"Content-Type", b"application/json")])))
@@ -223,6 +238,12 @@ class AnsweringUpstream:
         writer.write(h.send(h11.Data(data=b"]}")) + h.send(h11.EndOfMessage()))
         await writer.drain()
 
+    async def _send(self, h: h11.Connection, writer: asyncio.StreamWriter, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        await _send(h, writer, status, [*headers, *self._keep_alive()], body)
+
+    def _keep_alive(self) -> list[tuple[bytes, bytes]]:
+        return [] if self.keep_alive_header is None else [(b"Keep-Alive", self.keep_alive_header.encode())]
+
 
 async def _send(h: h11.Connection, writer: asyncio.StreamWriter, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
     headers = [*headers, (b"Content-Length", str(len(body)).encode())]
@@ -232,13 +253,6 @@ async def _send(h: h11.Connection, writer: asyncio.StreamWriter, status: int, he
 
 def _path(request: h11.Request) -> str:
     return request.target.decode()
-
-
-def _reset(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
 
 
 @dataclass(frozen=True)

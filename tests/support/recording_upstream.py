@@ -54,6 +54,7 @@ class Read:
 class RecordingUpstream(Served):
     slow_seconds: float = 1.0
     read_delay: float = 0.0
+    idle_timeout: float | None = None  # closes a keep-alive connection idle this long (as servers do)
     receptions: list[Reception] = field(default_factory=list)
     reads: list[Read] = field(default_factory=list)
     items: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -67,7 +68,7 @@ class RecordingUpstream(Served):
     # -- lifecycle ------------------------------------------------------------------------------------------
 
     def start(self) -> "RecordingUpstream":
-        handler = type("RecordingHandler", (_Handler,), {"upstream": self})
+        handler = type("RecordingHandler", (_Handler,), {"upstream": self, "timeout": self.idle_timeout})
         self.server, self.thread = serve(handler)
         return self
 

@@ -72,6 +72,15 @@ def test_empty_file_is_all_defaults():
     assert cfg.hosts == {} and cfg.defaults.after_success.policy == "replay" and not cfg.proxy.fail_open
 
 
+def test_upstream_connections_and_keepalive_per_host():
+    cfg = parse_config("defaults: {upstream_keepalive: 3s}\nhosts:\n  a.test: {upstream_connections: fresh}\n"
+                       "  b.test: {upstream_keepalive: 1s}\n")
+    a, b, other = (cfg.policy_for(h, 443) for h in ("a.test", "b.test", "c.test"))
+    assert (a.upstream_connections, a.upstream_keepalive) == ("fresh", 3.0)
+    assert (b.upstream_connections, b.upstream_keepalive) == ("reuse", 1.0)
+    assert (other.upstream_connections, parse_config("").policy_for("c.test", 443).upstream_keepalive) == ("reuse", 4.0)
+
+
 HOST = "hosts:\n  api.example.com:\n"
 OP = HOST + "    operations:\n      - name: a\n        method: POST\n        path: /a\n"
 
@@ -83,6 +92,8 @@ OP = HOST + "    operations:\n      - name: a\n        method: POST\n        pat
     (HOST + "    inject_idempotency_key: maybe\n", "hosts.api.example.com.inject_idempotency_key"),
     (HOST + "    unknown_statuses: [500, 700]\n", "hosts.api.example.com.unknown_statuses.1"),
     (HOST + "    upstream_timeout: 10 sec\n", "hosts.api.example.com.upstream_timeout"),
+    (HOST + "    upstream_connections: pooled\n", "hosts.api.example.com.upstream_connections"),
+    ("defaults:\n  upstream_keepalive: 0s\n", "defaults.upstream_keepalive"),
     ("defaults:\n  after_success: {policy: replay, window: forever}\n", "defaults.after_success.window"),
     ("defaults:\n  after_success: {policy: maybe}\n", "defaults.after_success.policy"),
     ("proxy:\n  max_stored_body: lots\n", "proxy.max_stored_body"),

@@ -31,6 +31,9 @@ class FakeSender:
         self.headers.append({k.lower(): v for k, v in headers})
         return self.results.pop(0)
 
+    def close(self) -> None:
+        pass
+
     async def aclose(self) -> None:
         pass
 
@@ -98,6 +101,17 @@ def test_a_success_is_the_upstreams_answer_with_the_receipt(journal):
     assert flow.response.headers["X-Receipt-State"] == "succeeded" == flow.metadata[METADATA_KEY]["state"]
     assert sender.sent == [("POST", "https://api.example.com/api/articles", b'{"title": "hello"}')]
     assert states(addon, op) == ["planned", "submitted", "succeeded"]
+
+
+def test_a_resend_of_a_refused_stream_and_a_reused_connection_are_in_the_verdicts_history(journal):
+    answered = created()
+    result = SendResult(answered.end, answered.answer, reused=True, resent="refused_stream")
+    run, addon, _ = journal(result)
+    flow = run(post())
+    assert addon.store is not None
+    verdict = addon.store.receipts.history(flow.response.headers["X-Receipt-Id"])[-1]
+    assert verdict.to_state == "succeeded"
+    assert (verdict.detail["resent"], verdict.detail["connection"]) == ("refused_stream", "reused")
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,11 @@ from collections.abc import Awaitable, Callable
 import pytest
 from support.server import free_port
 
+from proxy_addon import metrics
 from proxy_addon.request.sender import SendEnd, SendResult, Timeouts, TLSSettings, UpstreamSender
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+KEPT_ALIVE_ANSWER = b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}"
 ANSWER = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\n{\"id\": 1}"
 
 
@@ -18,8 +20,14 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-def send(serve: Serve | None, read_timeout: float = 5.0, headers: list[tuple[bytes, bytes]] | None = None) -> tuple[SendResult, list[bytes]]:
-    """One send to a server running `serve` (None: nothing listens); returns the result and what the server read."""
+def send(
+    serve: Serve | None,
+    read_timeout: float = 5.0,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    reused: bool = False,
+) -> tuple[SendResult, list[bytes]]:
+    """One send to a server running `serve` (None: nothing listens); returns the result and what the server read.
+    `reused`: an earlier write, answered on a kept-alive connection, leaves it idle, and this send goes on it."""
     seen: list[bytes] = []
 
     async def main() -> SendResult:
@@ -28,16 +36,25 @@ def send(serve: Serve | None, read_timeout: float = 5.0, headers: list[tuple[byt
         if serve is not None:
 
             async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                if reused:
+                    await read_request(reader)
+                    writer.write(KEPT_ALIVE_ANSWER)
                 seen.append(await read_request(reader))
                 await serve(reader, writer)
 
             server = await asyncio.start_server(handle, "127.0.0.1", port)
         sender = UpstreamSender(TLSSettings())
+        url = f"http://127.0.0.1:{port}/things"
+        timeouts = Timeouts(connect=2.0, idle=read_timeout, keepalive=4.0 if reused else None)
         try:
-            return await sender.send_once(
-                "POST", f"http://127.0.0.1:{port}/things", headers or [(b"content-type", b"application/json")], b'{"a": 1}',
-                Timeouts(connect=2.0, idle=read_timeout),
+            if reused and serve is not None:
+                warm = await sender.send_once("POST", url, [], b"{}", timeouts)
+                assert warm.end == SendEnd.ANSWERED, warm
+            result = await sender.send_once(
+                "POST", url, headers or [(b"content-type", b"application/json")], b'{"a": 1}', timeouts
             )
+            assert result.reused == (reused and serve is not None), result
+            return result
         finally:
             await sender.aclose()
             if server is not None:
@@ -66,26 +83,36 @@ async def garbage(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -
     writer.close()
 
 
-def test_an_answer_is_read_whole_and_the_request_sent_once():
-    result, seen = send(answer)
+ON_CONNECTIONS = pytest.mark.parametrize("reused", [False, True], ids=["new-connection", "reused-connection"])
+
+
+@ON_CONNECTIONS
+def test_an_answer_is_read_whole_and_the_request_sent_once(reused):
+    result, seen = send(answer, reused=reused)
     assert result.end == SendEnd.ANSWERED and result.answer is not None
     assert (result.answer.status_code, result.answer.content) == (201, b'{"id": 1}')
     assert len(seen) == 1 and seen[0].endswith(b'{"a": 1}') and b"content-length: 8" in seen[0].lower()
+    assert (b"connection: close" in seen[0].lower()) == (not reused)  # a connection to be reused is not closed
 
 
+@ON_CONNECTIONS
 @pytest.mark.parametrize(
     ("serve", "end"),
     [(None, SendEnd.NOT_SENT), (close_without_answer, SendEnd.RESET), (garbage, SendEnd.RESET)],
     ids=["nothing-listens", "closed-after-reading", "not-http"],
 )
-def test_how_a_send_that_got_no_answer_ended(serve, end):
-    result, seen = send(serve)
+def test_how_a_send_that_got_no_answer_ended(serve, end, reused):
+    unknowns = metrics.REUSED_CONNECTION_UNKNOWNS._value.get()
+    result, seen = send(serve, reused=reused)
     assert result.end == end and result.answer is None and result.error
     assert len(seen) == (0 if serve is None else 1)
+    counted = 1 if reused and serve is close_without_answer else 0  # no byte of an answer, on a reused connection
+    assert metrics.REUSED_CONNECTION_UNKNOWNS._value.get() == unknowns + counted
 
 
-def test_no_answer_within_the_idle_timeout_is_a_timeout_after_the_request_was_written():
-    result, seen = send(never_answer, read_timeout=0.2)
+@ON_CONNECTIONS
+def test_no_answer_within_the_idle_timeout_is_a_timeout_after_the_request_was_written(reused):
+    result, seen = send(never_answer, read_timeout=0.2, reused=reused)
     assert result.end == SendEnd.TIMEOUT and "upstream_timeout" in (result.error or "")
     assert len(seen) == 1
 
