@@ -502,14 +502,14 @@ def markdown(doc: dict[str, Any]) -> str:
         f"({m['git_branch']}{', proxy_addon/ modified' if m['proxy_addon_dirty'] else ''}); {doc['seconds']:.0f} s.",
         "",
         "| protocol | c | target | p50 ms | p90 ms | added p50 ms | added p50 RTT | added p90 ms | added p90 RTT "
-        "| upstream conns/write | p50 per round | ok | load |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+        "| upstream conns/write | agent spoke | p50 per round | ok | load |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|",
     ]
     for r in doc["summary"]:
         lines.append(
             f"| {r['protocol']} | {r['concurrency']} | {r['target']} | {fmt(r['p50_ms'])} | {fmt(r['p90_ms'])} "
             f"| {signed(r['added_p50_ms'])} | {signed(r['added_p50_rtt'], 2)} | {signed(r['added_p90_ms'])} "
-            f"| {signed(r['added_p90_rtt'], 2)} | {fmt(r['connections_per_write'], 2)} "
+            f"| {signed(r['added_p90_rtt'], 2)} | {fmt(r['connections_per_write'], 2)} | {', '.join(sorted(r['http_versions']))} "
             f"| {' / '.join(fmt(v) for v in r['p50_rounds'])} | {r['ok']}/{r['requests']} "
             f"| {' '.join(f'{x:.1f}' for x in r['load1'])} |"
         )
