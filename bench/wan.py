@@ -13,8 +13,9 @@ writes at c=1, K tasks on the one client at c=K.
 
 Targets, side by side on the same relay and upstream: `mitmdump` (no addon: mitmproxy's own kept-alive
 upstream connection, the baseline), `sqlite` and `postgres` (`receipts proxy` on a fresh, migrated database).
-A target may carry extra mitmproxy options, `KIND@OPTION=VALUE[,OPTION=VALUE]` (e.g.
-`sqlite@connection_strategy=eager`), to compare a setting side by side. Per protocol and concurrency, each
+A target may carry extra mitmproxy options, `KIND@OPTION=VALUE[+OPTION=VALUE]` (e.g.
+`sqlite@connection_strategy=eager`), and keys of the receipts config's `defaults:`, `KIND~KEY=VALUE[+...]`
+(e.g. `sqlite~upstream_connections=fresh`), to compare a setting side by side. Per protocol and concurrency, each
 round runs every target in turn (interleaved, so the machine's noise falls on all alike); the figures are the
 medians of the rounds. The report gives p50 and p90 per write, the p50 and p90 added over mitmdump in ms and
 in round trips (added ms / RTT), and the upstream TCP connections the relay saw opened per write.
@@ -73,10 +74,11 @@ LABELS = {"mitmdump": "mitmdump", "sqlite": "receipts SQLite", "postgres": "rece
 
 @dataclass
 class Target:
-    spec: str  # as given: KIND or KIND@OPTION=VALUE,...
+    spec: str  # as given: KIND, KIND@OPTION=VALUE+..., KIND~KEY=VALUE+...
     kind: str
     options: list[str]
     key: str  # a file-name-safe form of spec
+    defaults: list[str] = field(default_factory=list)  # KEY=VALUE for the receipts config's `defaults:`
     port: int = 0
     proc: Process | None = None
     db: Db | None = None
@@ -110,15 +112,23 @@ class Run:
 
 
 def parse_target(spec: str) -> Target:
-    kind, _, opts = spec.partition("@")
+    """KIND, then optionally @OPTION=VALUE+... (mitmproxy options) and ~KEY=VALUE+... (the receipts config's
+    `defaults:`), e.g. `sqlite@connection_strategy=eager` or `sqlite~upstream_connections=fresh`."""
+    head, _, config = spec.partition("~")
+    kind, _, opts = head.partition("@")
     if kind not in KINDS:
-        raise argparse.ArgumentTypeError(f"unknown target {kind!r} (one of {', '.join(KINDS)}, optionally @OPTION=VALUE,...)")
-    options = [o for o in opts.split(",") if o]
-    for o in options:
+        raise argparse.ArgumentTypeError(
+            f"unknown target {kind!r} (one of {', '.join(KINDS)}, then @OPTION=VALUE+... ~KEY=VALUE+...)"
+        )
+    options = [o for o in opts.split("+") if o]
+    defaults = [o for o in config.split("+") if o]
+    for o in options + defaults:
         if "=" not in o:
             raise argparse.ArgumentTypeError(f"{o!r}: options are OPTION=VALUE")
+    if defaults and kind == "mitmdump":
+        raise argparse.ArgumentTypeError(f"{spec!r}: mitmdump has no receipts config")
     key = "".join(ch if ch.isalnum() else "-" for ch in spec).strip("-")
-    return Target(spec, kind, options, key)
+    return Target(spec, kind, options, key, defaults=defaults)
 
 
 # -- processes ---------------------------------------------------------------------------------------------
@@ -164,6 +174,9 @@ def start_target(run: Run, target: Target, confdir: Path, ca: Path) -> None:
         else:
             target.db = Db.fresh_postgres(run.args.pg_admin_url, pg_database(target))
         config = write_proxy_config(run.tmp, target.key, target.db.url)
+        if target.defaults:
+            with config.open("a") as f:
+                f.write("defaults:\n" + "".join(f"  {k}: {v}\n" for k, _, v in (d.partition("=") for d in target.defaults)))
         migrate(config, target.db.url)
         cmd = [*receipts_cmd(), "proxy", "--config", str(config), "--listen-host", "127.0.0.1", "--listen-port", str(port)]
         cmd += ["--confdir", str(confdir)]
@@ -376,7 +389,7 @@ def bisect_left(values: list[float], x: float) -> int:
     return bisect.bisect_left(values, x)
 
 
-# -- the run -----------------------------------------------------------------------------------------------
+# -- the run ----------------------------------------------------------------------------------------------
 
 
 def check_receipts(run: Run, targets: list[Target]) -> list[Row]:
@@ -553,7 +566,8 @@ def argument_parser() -> argparse.ArgumentParser:
         "--targets",
         type=lambda t: [parse_target(x) for x in csv(t)],
         default=None,
-        help="mitmdump,sqlite,postgres (default); KIND@OPTION=VALUE,... adds mitmproxy options to one",
+        help="mitmdump,sqlite,postgres (default); KIND@OPTION=VALUE+... adds mitmproxy options to one, "
+        "KIND~KEY=VALUE+... keys of the receipts config's defaults: (e.g. sqlite~upstream_connections=fresh)",
     )
     p.add_argument("--no-handshake", action="store_true", help="the relay does not model the TCP handshake's round trip")
     p.add_argument("--pg-admin-url", default="postgresql://postgres@127.0.0.1:5432/test")
