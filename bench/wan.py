@@ -251,6 +251,7 @@ def round_row(run: Run, leg: Leg, target: Target, concurrency: int, round_no: in
         "p99_ms": percentile(lat, 99),
         "mean_ms": statistics.fmean(lat) if lat else None,
         "window": result["window"],
+        "started": result.get("started"),
         "writes": result["writes"],
         "load1": load,
     }
@@ -263,6 +264,11 @@ def count_connections(rows: list[Row], traces: dict[str, list[Row]]) -> None:
         opened = [e for e in traces.get(row["protocol"], []) if e["ev"] == "open" and start <= e["t"] <= end]
         row["upstream_connections"] = len(opened)
         row["connections_per_write"] = len(opened) / row["requests"] if row["requests"] else None
+        # and from the agent's start: the warm-up's too (a proxy that connects upstream on CONNECT shows here)
+        first = row.get("started") or start
+        row["upstream_connections_with_warmup"] = sum(
+            1 for e in traces.get(row["protocol"], []) if e["ev"] == "open" and first <= e["t"] <= end
+        )
 
 
 def medians(rows: list[Row], rtt_ms: float) -> list[Row]:
@@ -291,6 +297,7 @@ def medians(rows: list[Row], rtt_ms: float) -> list[Row]:
                 "p99_ms": med(rs, "p99_ms"),
                 "p50_rounds": [round(r["p50_ms"], 1) if r["p50_ms"] is not None else None for r in rs],
                 "connections_per_write": med(rs, "connections_per_write"),
+                "connections_with_warmup": med(rs, "upstream_connections_with_warmup"),
                 "http_versions": dict(sum((Counter(r["http_versions"]) for r in rs), Counter())),
                 "load1": [r["load1"] for r in rs],
             }
@@ -515,14 +522,14 @@ def markdown(doc: dict[str, Any]) -> str:
         f"({m['git_branch']}{', proxy_addon/ modified' if m['proxy_addon_dirty'] else ''}); {doc['seconds']:.0f} s.",
         "",
         "| protocol | c | target | p50 ms | p90 ms | added p50 ms | added p50 RTT | added p90 ms | added p90 RTT "
-        "| upstream conns/write | agent spoke | p50 per round | ok | load |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|",
+        "| upstream conns/write | conns/round, warm-up incl. | agent spoke | p50 per round | ok | load |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|",
     ]
     for r in doc["summary"]:
         lines.append(
             f"| {r['protocol']} | {r['concurrency']} | {r['target']} | {fmt(r['p50_ms'])} | {fmt(r['p90_ms'])} "
             f"| {signed(r['added_p50_ms'])} | {signed(r['added_p50_rtt'], 2)} | {signed(r['added_p90_ms'])} "
-            f"| {signed(r['added_p90_rtt'], 2)} | {fmt(r['connections_per_write'], 2)} | {', '.join(sorted(r['http_versions']))} "
+            f"| {signed(r['added_p90_rtt'], 2)} | {fmt(r['connections_per_write'], 2)} | {fmt(r.get('connections_with_warmup'), 0)} | {', '.join(sorted(r['http_versions']))} "
             f"| {' / '.join(fmt(v) for v in r['p50_rounds'])} | {r['ok']}/{r['requests']} "
             f"| {' '.join(f'{x:.1f}' for x in r['load1'])} |"
         )

@@ -68,6 +68,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             next_index = [0]
             await asyncio.gather(*(worker(name, next_index, total) for _ in range(args.concurrency)))
 
+        started = time.monotonic()
         async with asyncio.timeout(args.deadline):
             # the warm-up: every concurrent tunnel opened and used before the measured writes
             await phase("w", max(args.warmup, args.concurrency))
@@ -77,6 +78,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     writes.sort(key=lambda w: w["start"])
     latencies = sorted((w["end"] - w["start"]) * 1000.0 for w in writes if w["ok"])
     return {
+        "started": started,  # before the warm-up: its tunnels (CONNECT) and the upstream connections they open
         "window": [window_start, window_end],
         "requests": args.requests,
         "ok": sum(1 for w in writes if w["ok"]),

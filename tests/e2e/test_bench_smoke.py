@@ -91,7 +91,7 @@ def test_wan_smoke(tmp_path: Path) -> None:
             assert set(r["http_versions"]) == {"HTTP/2"}, r
         else:
             assert r["http_versions"] and set(r["http_versions"]) <= {"HTTP/1.1", "HTTP/2"}, r
-        assert r["connections_per_write"] is not None, r
+        assert r["connections_per_write"] is not None and r["connections_with_warmup"] is not None, r
         if target == "mitmdump":
             assert r["added_p50_ms"] is None and r["added_p50_rtt"] is None, r
         else:
