@@ -8,8 +8,10 @@ by rtt/2 (and a new connection's first bytes by its TCP handshake's round trip).
 bench/wan_upstream.py (hypercorn, HTTPS with a certificate of a throw-away CA that the proxies trust through
 mitmproxy's `ssl_verify_upstream_trusted_ca`): `--protocol h1` offers only HTTP/1.1, `h2` offers h2 and
 HTTP/1.1. The agent is bench/wan_client.py: one httpx client, kept alive, tunnelling with CONNECT and TLS
-through the proxy (trusting the proxy's CA), speaking HTTP/1.1 (h1) or h2 (h2) in the tunnel; sequential
-writes at c=1, K tasks on the one client at c=K.
+through the proxy (trusting the proxy's CA), offering HTTP/1.1 (h1) or also h2 (h2) in the tunnel
+(httpx lists http/1.1 first: mitmdump, connected upstream on CONNECT, mirrors the upstream's h2; the receipts
+proxy's lazy strategy takes the client's first choice); sequential writes at c=1, K tasks on the one client
+at c=K.
 
 Targets, side by side on the same relay and upstream: `mitmdump` (no addon: mitmproxy's own kept-alive
 upstream connection, the baseline), `sqlite` and `postgres` (`receipts proxy` on a fresh, migrated database).
@@ -31,6 +33,7 @@ into --out. Exit 1 if a write failed or a receipts database does not hold exactl
 """
 
 import argparse
+import bisect
 import contextlib
 import json
 import os
@@ -339,7 +342,7 @@ def timelines(rows: list[Row], traces: dict[str, list[Row]]) -> list[Row]:
             for w in r["writes"]:
                 if not w["ok"]:
                     continue
-                lo, hi = bisect_left(times, w["start"]), bisect_left(times, w["end"])
+                lo, hi = bisect.bisect_left(times, w["start"]), bisect.bisect_left(times, w["end"])
                 seen: Counter[str] = Counter()
                 seq = []
                 for e in events[lo:hi]:
@@ -388,12 +391,6 @@ def timelines(rows: list[Row], traces: dict[str, list[Row]]) -> list[Row]:
             }
         )
     return out
-
-
-def bisect_left(values: list[float], x: float) -> int:
-    import bisect
-
-    return bisect.bisect_left(values, x)
 
 
 # -- the run ----------------------------------------------------------------------------------------------

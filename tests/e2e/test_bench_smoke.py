@@ -83,8 +83,8 @@ def test_wan_smoke(tmp_path: Path) -> None:
     for (protocol, _, target), r in rows.items():
         assert r["ok"] == r["requests"] == 5 and r["failed"] == 0, r
         assert r["p50_ms"] is not None and r["p90_ms"] >= r["p50_ms"] > 0, r
-        # the agent spoke what the protocol says through its kept-alive tunnel, or what the proxy chose: the
-        # receipts proxy's lazy connection strategy answers an h2 offer with HTTP/1.1 (docs/performance.md)
+        # the agent spoke what the protocol says through its kept-alive tunnel, or what the proxy chose: httpx
+        # offers http/1.1 first, which the receipts proxy's lazy connection strategy takes (docs/performance.md)
         if protocol == "h1":
             assert set(r["http_versions"]) == {"HTTP/1.1"}, r
         elif target == "mitmdump":
