@@ -28,8 +28,8 @@ from typing import Any
 from proxy_addon.db import database_wait
 from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal.connection import DriverConnection
-from proxy_addon.journal.hot_path import HotPath
 from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Ready, Record, Reply, Setup, frame, split_frames
+from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
 from proxy_addon.log import configure_logging, get_logger
 
 log = get_logger("receipts.journal_writer")
@@ -72,9 +72,13 @@ class JournalWriter:
         try:
             with self.connection.transaction(alone=len(batch) == 1, within=deadline - now) as conn:
                 self._exit_if_orphaned()
-                hot = HotPath(conn, self.connection.statements)
-                sent = hot.pipelined([request for _, request in batch])
-                replies = [(request_id, _apply(hot, request, first)) for (request_id, request), first in zip(batch, sent, strict=True)]
+                journal = JournalWrites.on(OnDriver(conn), self.connection.statements)
+                writes = [_write_of(request) for _, request in batch]
+                sent = journal.pipelined(writes)
+                replies = [
+                    (request_id, _apply(journal, write, first))
+                    for (request_id, _), write, first in zip(batch, writes, sent, strict=True)
+                ]
                 self._exit_if_orphaned()
                 if conn.autocommit is not True and time.monotonic() >= deadline:
                     raise ExpiredError(TOO_LATE)  # not committed: each runs alone again, and the late one is refused
@@ -95,13 +99,19 @@ class JournalWriter:
         self.connection.close()
 
 
-def _apply(hot: HotPath, request: Record | Advance, sent: Any) -> Reply:
-    """One request inside the batch's transaction; what it may refuse is answered, any other error fails the batch."""
+def _write_of(request: Record | Advance) -> NewReceipt | Step:
+    if isinstance(request, Record):
+        return NewReceipt(request.intent, request.successes_block_for, request.who)
+    return Step(request.operation_id, request.expected_from, request.to, request.detail, request.updates)
+
+
+def _apply(journal: JournalWrites, write: NewReceipt | Step, sent: Any) -> Reply:
+    """One write inside the batch's transaction; what it may refuse is answered, any other error fails the batch."""
     try:
-        if isinstance(request, Record):
-            blocker = hot.record(request, sent)
+        if isinstance(write, NewReceipt):
+            blocker = journal.record(write, sent)
             return Done() if blocker is None else Blocked(blocker)
-        hot.advance(request, sent)
+        journal.advance(write, sent)
         return Done()
     except StaleStateError as e:
         return Failed("stale", str(e), e.actual)

@@ -30,7 +30,3 @@ class ReceiptStore:
         self.refusals = Refusals(self.db)
         self.retention = Retention(self.db)
         self.scrub = Scrubber(self.db)
-
-    def close(self) -> None:
-        """Stop the group committer, if any (the engine is the caller's to dispose)."""
-        self.db.close()

@@ -82,7 +82,6 @@ def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         if addon.journal is not None:  # type: ignore[attr-defined]
             addon.journal.close()  # type: ignore[attr-defined]
         if addon.store is not None:  # type: ignore[attr-defined]
-            addon.store.close()  # type: ignore[attr-defined]
             addon.store.engine.dispose()  # type: ignore[attr-defined]
 
 

@@ -16,7 +16,8 @@ from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import DuplicateIntentError, JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal.connection import DriverConnection
-from proxy_addon.journal.hot_path import HotPath
+from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
+from proxy_addon.duplicates import successes_block_for
 from proxy_addon.journal.messages import Advance, Record
 from proxy_addon.records import Blocker, Intent, ReceiptRecord
 from proxy_addon.store import ReceiptStore
@@ -64,12 +65,12 @@ class Hot:
         self.connection = DriverConnection(url)
         self.blockers: list[Blocker] = []
 
-    def _in_transaction[T](self, work: Callable[[HotPath], T]) -> T:
+    def _in_transaction[T](self, work: Callable[[JournalWrites], T]) -> T:
         with self.connection.transaction() as conn:
-            return work(HotPath(conn, self.connection.statements))
+            return work(JournalWrites.on(OnDriver(conn), self.connection.statements))
 
     def record(self, it: Intent, after_success: AfterSuccess) -> Outcome:
-        blocker = self._in_transaction(lambda hot: hot.record(Record(it, after_success, "me")))
+        blocker = self._in_transaction(lambda hot: hot.record(NewReceipt(it, successes_block_for(after_success), "me")))
         if blocker is None:
             return ("recorded",)
         self.blockers.append(blocker)
@@ -77,7 +78,7 @@ class Hot:
 
     def advance(self, op: str, to: S, updates: dict[str, Any]) -> Outcome:
         try:
-            self._in_transaction(lambda hot: hot.advance(Advance(op, S.SUBMITTED.value, to.value, {"who": "me"}, updates)))
+            self._in_transaction(lambda hot: hot.advance(Step(op, S.SUBMITTED.value, to.value, {"who": "me"}, updates)))
         except StaleStateError as e:
             return ("stale", str(e.actual))
         except ReceiptNotFoundError:
@@ -227,18 +228,18 @@ def test_a_batch_decides_as_its_requests_would_one_by_one(migrated_url):
         same = fp()
         first, again, key_reused, other = intent(same, idempotency_key="k-9"), intent(same), intent(fp(), idempotency_key="k-9"), intent()
         opened = dict(writer.run([
-            (1, Record(first, REPLAY, "me")),
-            (2, Record(again, REPLAY, "me")),
-            (3, Record(key_reused, REPLAY, "me")),
-            (4, Record(other, REPLAY, "me")),
+            (1, Record(first, 3600, "me")),
+            (2, Record(again, 3600, "me")),
+            (3, Record(key_reused, 3600, "me")),
+            (4, Record(other, 3600, "me")),
             (5, Advance("op_missing", "submitted", "succeeded", {"who": "me"}, {})),
         ]))
         closed = dict(writer.run([
             (6, Advance(first.operation_id, "submitted", "succeeded", {"who": "me"}, {"status_code": 201})),
             (7, Advance(first.operation_id, "submitted", "rejected", {"who": "me"}, {})),
-            (8, Record(intent(same), REPLAY, "me")),
+            (8, Record(intent(same), 3600, "me")),
         ]))
-        allowed = dict(writer.run([(9, Record(intent(same), ALLOW, "me")), (10, Record(intent(same), ALLOW, "me"))]))
+        allowed = dict(writer.run([(9, Record(intent(same), None, "me")), (10, Record(intent(same), None, "me"))]))
     finally:
         writer.close()
     assert opened[1] == opened[4] == closed[6] == allowed[9] == Done()
@@ -275,7 +276,7 @@ def test_a_success_blocks_from_the_windows_start_to_its_end(both, monkeypatch, p
         assert run.record(first, REPLAY) == ("recorded",)
         assert run.advance(first.operation_id, S.SUCCEEDED, {"status_code": 201, "completed_at": COMPLETED}) == ("advanced",)
         assert store.receipts.get(first.operation_id).completed_at == COMPLETED
-        for module in ("proxy_addon.store.receipts", "proxy_addon.journal.hot_path"):
+        for module in ("proxy_addon.journal.writes",):
             monkeypatch.setattr(f"{module}.utcnow", lambda now=now: now)
         got[name] = run.record(intent(first.intent_fingerprint, proxy_instance="me"), REPLAY)
         expected[name] = ("blocked", "succeeded", first.operation_id) if blocked else ("recorded",)
@@ -331,6 +332,6 @@ def test_of_two_successes_the_latest_is_the_one_replayed(both, monkeypatch, path
         assert run.record(it, ALLOW) == ("recorded",)
         assert run.advance(it.operation_id, S.SUCCEEDED, {"status_code": 201, "completed_at": completed}) == ("advanced",)
         ops.append(it.operation_id)
-    for module in ("proxy_addon.store.receipts", "proxy_addon.journal.hot_path"):  # both in the window
+    for module in ("proxy_addon.journal.writes",):  # both in the window
         monkeypatch.setattr(f"{module}.utcnow", lambda: COMPLETED + timedelta(seconds=3))
     assert run.record(intent(same, proxy_instance="me"), REPLAY) == ("blocked", "succeeded", ops[0])
