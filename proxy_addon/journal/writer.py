@@ -2,7 +2,7 @@
 
 Why a process: under load the proxy's event loop has one core, and its throughput is that core divided by its
 CPU per request. A writer thread shares the proxy's GIL, so journal work in it still costs the proxy's core;
-only another process takes it off (issue 15's measurements). The proxy starts this one (client.py), hands it
+only another process takes it off. The proxy starts this one (client.py), hands it
 one end of a socketpair, and restarts it if it dies.
 
 Group commit: the writer reads every request waiting on its socket, runs them in one transaction (one fsync on
