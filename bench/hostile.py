@@ -33,7 +33,7 @@ MIB = 1024 * 1024
 
 
 def hostile_bodies() -> dict[str, tuple[str, bytes]]:
-    from proxy_addon.fingerprint import MAX_ITEMS, MAX_JSON_DEPTH, MAX_NUMBER_CHARS
+    from proxy_addon.rules.fingerprint import MAX_ITEMS, MAX_JSON_DEPTH, MAX_NUMBER_CHARS
 
     n = MAX_ITEMS - 16
     return {
@@ -65,8 +65,8 @@ def _multipart(parts: int) -> tuple[str, bytes]:
 
 
 def canonical(_args: argparse.Namespace) -> None:
-    from proxy_addon.account import AccountHasher
-    from proxy_addon.fingerprint import analyse_body
+    from proxy_addon.rules.account import AccountHasher
+    from proxy_addon.rules.fingerprint import analyse_body
 
     keyed = AccountHasher(b"k" * 32).digest
     print("| input | bytes | seconds (best of 3) | kind | note |\n|---|---:|---:|---|---|")

@@ -7,7 +7,7 @@ certificate) and sends the same small POST many times, at concurrency 1 and 16: 
 `UpstreamSender.send_once` (its own connection each time, as the proxy sends journaled writes), `reused`
 over one kept connection per worker with the same h11 exchange. Prints CPU milliseconds per request in this
 process (the sender's cost; the upstream's is in its own process), the median latency and the rate, each
-the median of --runs runs. The figures quoted in proxy_addon/sender.py come from this script.
+the median of --runs runs. The figures quoted in proxy_addon/request/sender.py come from this script.
 """
 
 import argparse
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import h11
 
-from proxy_addon.sender import (
+from proxy_addon.request.sender import (
     SendEnd,
     Timeouts,
     TLSSettings,

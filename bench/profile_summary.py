@@ -27,12 +27,12 @@ Frame = tuple[str, str]  # (function, file)
 
 # (category, parts of the file path); checked on each frame from the leaf upwards, first match wins
 COMPONENTS: list[tuple[str, tuple[str, ...]]] = [
-    ("receipts: fingerprint.py", ("proxy_addon/fingerprint.py",)),
-    ("receipts: intent.py, verdicts.py, duplicates.py", ("proxy_addon/intent.py", "proxy_addon/verdicts.py", "proxy_addon/duplicates.py")),
+    ("receipts: rules/fingerprint.py", ("proxy_addon/rules/fingerprint.py",)),
+    ("receipts: rules/intent.py, rules/verdicts.py, rules/duplicates.py", ("proxy_addon/rules/intent.py", "proxy_addon/rules/verdicts.py", "proxy_addon/rules/duplicates.py")),
     ("receipts: store/", ("proxy_addon/store/",)),
-    ("receipts: sender.py", ("proxy_addon/sender.py",)),
-    ("receipts: addon.py, handler.py, answers.py", ("proxy_addon/addon.py", "proxy_addon/handler.py", "proxy_addon/answers.py")),
-    ("receipts: account.py", ("proxy_addon/account.py",)),
+    ("receipts: request/sender.py", ("proxy_addon/request/sender.py",)),
+    ("receipts: addons/receipts.py, request/handler.py, request/answers.py", ("proxy_addon/addons/receipts.py", "proxy_addon/request/handler.py", "proxy_addon/request/answers.py")),
+    ("receipts: rules/account.py", ("proxy_addon/rules/account.py",)),
     ("receipts: recovery.py (heartbeat)", ("proxy_addon/recovery.py",)),
     ("receipts: db.py", ("proxy_addon/db.py",)),
     ("receipts: config/log", ("proxy_addon/config.py", "proxy_addon/log.py")),
@@ -74,10 +74,10 @@ def _any_file(frames: list[Frame], *parts: str) -> bool:
 
 INCLUSIVE: list[tuple[str, Any]] = [
     ("mitmproxy (any frame)", lambda fs: _any_file(fs, "mitmproxy/")),
-    ("receipts request hook, event-loop side", lambda fs: _has(fs, {"request"}, "proxy_addon/addon.py")),
+    ("receipts request hook, event-loop side", lambda fs: _has(fs, {"request"}, "proxy_addon/addons/receipts.py")),
     (
         "journal threads: _record + _record_verdict",
-        lambda fs: _has(fs, {"_record", "<lambda>"}, "proxy_addon/handler.py") and _any_file(fs, "concurrent/futures"),
+        lambda fs: _has(fs, {"_record", "<lambda>"}, "proxy_addon/request/handler.py") and _any_file(fs, "concurrent/futures"),
     ),
     ("build_intent (fingerprint, redaction, account)", lambda fs: _has(fs, {"build_intent"})),
     ("store: decide + planned insert + commit", lambda fs: _has(fs, {"_record"}, "proxy_addon/store/receipts.py")),

@@ -19,7 +19,13 @@ from typing import Any, NoReturn
 from proxy_addon.agent_env import CA_CERT_NAME, exports
 from proxy_addon.config import ReceiptsConfig, admin_settings, load_config
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
-from proxy_addon.documents import (
+from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
+from proxy_addon.rules.records import ReceiptRecord
+from proxy_addon.rules.redaction import SecretFields, SecretHeaders
+from proxy_addon.rules.states import RESOLUTION_STATES
+from proxy_addon.store import ReceiptStore
+from proxy_addon.units import parse_duration
+from proxy_addon.views.documents import (
     LIST_COLUMNS,
     PUBLIC_COLUMNS,
     HostFilter,
@@ -29,15 +35,9 @@ from proxy_addon.documents import (
     receipt_document,
     show_document,
 )
-from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
-from proxy_addon.journaled import netloc, reconcile_reads, request_view, response_view
-from proxy_addon.records import ReceiptRecord
-from proxy_addon.redaction import SecretFields, SecretHeaders
-from proxy_addon.review import resolve
-from proxy_addon.states import RESOLUTION_STATES
-from proxy_addon.store import ReceiptStore
-from proxy_addon.terminal import age, exchange_table, print_json, table
-from proxy_addon.units import parse_duration
+from proxy_addon.views.journaled import netloc, reconcile_reads, request_view, response_view
+from proxy_addon.views.review import resolve
+from proxy_addon.views.terminal import age, exchange_table, print_json, table
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -89,7 +89,7 @@ async def _run_proxy(args: argparse.Namespace) -> int:
     from mitmproxy import exceptions, options
     from mitmproxy.tools.dump import DumpMaster
 
-    from proxy_addon.addon import make_addons
+    from proxy_addon.addons.receipts import make_addons
 
     logging.getLogger().setLevel(logging.INFO)  # mitmproxy's own lines ("HTTP(S) proxy listening at ...")
     logging.getLogger("alembic").setLevel(logging.WARNING)

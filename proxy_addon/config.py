@@ -16,16 +16,18 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from proxy_addon.db import DEFAULT_DATABASE_URL, anchor_sqlite_url
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.operations import MUTATING_METHODS, OperationRule, ProtocolName, method_token
+from proxy_addon.log import get_logger
 from proxy_addon.protocols.hosts import check_host_key, find_host_entry, is_model_api
-from proxy_addon.redaction import SECRET_HEADER_NAMES, SecretFields, SecretHeaders
-from proxy_addon.signing import NO_SIGNING, Signing
+from proxy_addon.rules.operations import MUTATING_METHODS, OperationRule, ProtocolName, method_token
+from proxy_addon.rules.redaction import SECRET_HEADER_NAMES, SecretFields, SecretHeaders
+from proxy_addon.rules.signing import NO_SIGNING, Signing
 from proxy_addon.units import Duration, PositiveDuration, Size, StrictModel
 
-# The secret headers named outright; redaction.py adds every name containing auth, token, key, ...
+# The secret headers named outright; rules/redaction.py adds every name containing auth, token, key, ...
 BUILTIN_SECRET_HEADERS = SECRET_HEADER_NAMES
 DEFAULT_REDACT_FIELDS = ("password", "token", "secret", "api_key")
 MIN_ADMIN_TOKEN_LENGTH = 16
+RENAMED_PROXY_KEYS = {"journal_threads": "database_threads"}  # old name: new name
 
 
 class AfterSuccess(StrictModel):
@@ -42,7 +44,7 @@ class InFlight(StrictModel):
 
 
 class SigningSettings(StrictModel):
-    """An in-house per-request signing scheme, beside the recognised ones (signing.py): `signers` maps a header
+    """An in-house per-request signing scheme, beside the recognised ones (rules/signing.py): `signers` maps a header
     to a pattern whose `signer` group is the key id (only it counts for the account; the header is a secret);
     `per_attempt` names headers, query and form fields that count for neither the account nor the identity."""
 
@@ -106,7 +108,7 @@ class Defaults(StrictModel):
     idempotency_key_header: str = "Idempotency-Key"
     journal: bool = True  # false: every host passes through unless its entry says journal: true
     protocol: ProtocolName = "auto"  # auto | rest | graphql | jsonrpc: how requests are read (protocols/)
-    signing: SigningSettings = SigningSettings()  # in-house per-request signatures (signing.py knows the common ones)
+    signing: SigningSettings = SigningSettings()  # in-house per-request signatures (rules/signing.py knows the common ones)
 
 
 class HostConfig(HostOverrides):
@@ -126,13 +128,27 @@ class ProxySettings(StrictModel):
     max_stored_response: Size = 65536
     heartbeat_interval: Duration = 5.0
     instance_dead_after: Duration = 15.0
-    journal_threads: int = Field(default=8, ge=1, le=64)
+    database_threads: int = Field(default=8, ge=1, le=64)  # the store's reads and general writes, off the event loop
     pass_model_apis: bool = True  # well-known model API hosts pass through unless their entry says journal: true
 
     @field_validator("methods")
     @classmethod
     def _methods(cls, methods: list[str]) -> list[str]:
         return [method_token(m) for m in methods]  # any method token: PURGE and MKCOL as well as POST
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        """Keys that were renamed keep working, with one deprecation line in the log."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in RENAMED_PROXY_KEYS.items():
+            if old in data:
+                if new in data:
+                    raise ValueError(f"proxy.{old} is the old name of proxy.{new}: give only proxy.{new}")
+                get_logger("receipts.config").warning("config_key_deprecated", key=f"proxy.{old}", use=f"proxy.{new}")
+                data = {**{k: v for k, v in data.items() if k != old}, new: data[old]}
+        return data
 
 
 class ReconcileSettings(StrictModel):
@@ -200,7 +216,7 @@ class HostPolicy:
     unknown_statuses: frozenset[int]
     after_success: AfterSuccess
     in_flight: InFlight
-    redact_headers: SecretHeaders  # the configured ones; `name in` applies redaction.py's whole rule
+    redact_headers: SecretHeaders  # the configured ones; `name in` applies rules/redaction.py's whole rule
     redact_fields: SecretFields
     inject_idempotency_key: bool
     idempotency_key_header: str

@@ -1,6 +1,6 @@
 """Everything that can go wrong, one class per failure, so callers catch exactly what they handle."""
 
-from proxy_addon.records import Blocker, BlockKind, Intent
+from proxy_addon.rules.records import Blocker, BlockKind, Intent
 
 
 class ReceiptsError(Exception):

@@ -1,6 +1,6 @@
 """structlog, configured once at the entry point: JSON lines in production, a readable console on a TTY.
 
-No secret reaches the log (redaction.py says what one is): every structlog line's text values go through
+No secret reaches the log (rules/redaction.py says what one is): every structlog line's text values go through
 `redaction.scrub_text`, and so does every record of Python's logging, mitmproxy's own lines included (its
 "Bad HTTP request line: b'GET http://user:password@host/?access_token=...'" among them), through a record
 factory installed once (`scrub_standard_logging`).
@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from proxy_addon.redaction import scrub_text
+from proxy_addon.rules.redaction import scrub_text
 
 _configured = False
 _scrubbing = False

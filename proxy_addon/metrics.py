@@ -13,8 +13,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from proxy_addon.exceptions import ReceiptsError
-from proxy_addon.records import JournalStats
-from proxy_addon.states import RefusalReason, State
+from proxy_addon.rules.records import JournalStats
+from proxy_addon.rules.states import RefusalReason, State
 
 # the journal's counts, read at scrape time (store.retention.stats); a callable, so that this module, which
 # the store reports its transitions to, does not import the store

@@ -5,8 +5,9 @@ from typing import Any
 
 from flask import Flask, Response, redirect, render_template, request, url_for
 
-from proxy_addon import documents, journaled, metrics, review
+from proxy_addon import metrics
 from proxy_addon.admin.guards import install_guards
+from proxy_addon.admin.openapi import openapi_document
 from proxy_addon.admin.views import (
     age_filter,
     duration_filter,
@@ -22,10 +23,10 @@ from proxy_addon.admin.views import (
 )
 from proxy_addon.config import AdminSettings, ReceiptsConfig
 from proxy_addon.exceptions import BadRequest, InvalidResolutionError, NotResolvableError, ReceiptsError, StaleStateError
-from proxy_addon.openapi import openapi_document
-from proxy_addon.records import utcnow
-from proxy_addon.states import RESOLUTION_STATES, RESOLVABLE_STATES, State
+from proxy_addon.rules.records import utcnow
+from proxy_addon.rules.states import RESOLUTION_STATES, RESOLVABLE_STATES, State
 from proxy_addon.store import ReceiptStore
+from proxy_addon.views import documents, journaled, review
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 

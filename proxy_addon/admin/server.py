@@ -1,7 +1,6 @@
 """Serving the admin app: a werkzeug server in a background thread, on its own (`receipts admin`) or in the
-proxy (`admin.enabled`, the InProxyAdmin addon)."""
+proxy (`admin.enabled`, the InProxyAdmin addon: addons/admin.py)."""
 
-import asyncio
 import socket
 import threading
 from typing import Any
@@ -10,7 +9,6 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from proxy_addon.admin.app import create_app
 from proxy_addon.config import AdminSettings, ReceiptsConfig
-from proxy_addon.handler import JournalState
 from proxy_addon.log import get_logger
 from proxy_addon.store import ReceiptStore
 
@@ -71,31 +69,3 @@ class AdminServer:
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
-
-
-class InProxyAdmin:
-    """Addon: the admin server inside the proxy, when `admin.enabled` is true. A port that cannot be had is
-    logged (one line) and the proxy goes on without its admin server."""
-
-    def __init__(self, journal: JournalState):
-        self.journal = journal
-        self.server: AdminServer | None = None
-
-    async def running(self) -> None:
-        j = self.journal
-        if j.config is None or j.store is None or not j.config.admin.enabled:
-            return
-        server = AdminServer(j.config, j.store)
-        try:
-            await asyncio.to_thread(server.start)
-        except OSError as e:
-            listen = f"{server.settings.listen_host}:{server.settings.listen_port}"
-            log.error("admin_not_started", listen=listen, error=e.strerror or str(e), note="the proxy goes on without it")
-            return
-        self.server = server
-        log.info("admin_started", url=server.url, token_required=server.settings.token is not None)
-
-    async def done(self) -> None:
-        if self.server is not None:
-            await asyncio.to_thread(self.server.stop)
-            self.server = None

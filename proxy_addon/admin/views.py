@@ -5,8 +5,6 @@ from typing import Any
 
 from flask import Response, request
 
-from proxy_addon import documents, journaled
-from proxy_addon.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
 from proxy_addon.exceptions import (
     BadRequest,
     InvalidResolutionError,
@@ -15,8 +13,10 @@ from proxy_addon.exceptions import (
     ReceiptsError,
     StaleStateError,
 )
-from proxy_addon.records import ReceiptRecord
+from proxy_addon.request.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
+from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.units import parse_duration
+from proxy_addon.views import documents, journaled
 
 LIST_LIMIT = 200
 MAX_LIST_LIMIT = 1000

@@ -5,7 +5,7 @@ reader task resolves. No thread hand-off, no database work in the proxy's proces
 
 The writer's death is the journal's failure. Every request it had not answered fails at once with
 WriterLostError (the proxy answers 503 and sends nothing upstream; whether the writer committed it before it
-died is not known, handler.py closes such a receipt itself). The next request starts a new writer; one that
+died is not known, request/handler.py closes such a receipt itself). The next request starts a new writer; one that
 keeps dying before it answered anything is started again only after a growing pause, during which writes fail
 closed at once.
 
@@ -34,7 +34,6 @@ from typing import Any, Protocol
 
 from proxy_addon import metrics
 from proxy_addon.config import AfterSuccess
-from proxy_addon.duplicates import successes_block_for
 from proxy_addon.exceptions import (
     DuplicateIntentError,
     IllegalTransitionError,
@@ -60,16 +59,17 @@ from proxy_addon.journal.messages import (
     unframe,
 )
 from proxy_addon.log import get_logger
-from proxy_addon.records import Intent
-from proxy_addon.states import State, is_allowed
-from proxy_addon.verdicts import not_sent
+from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.records import Intent
+from proxy_addon.rules.states import State, is_allowed
+from proxy_addon.rules.verdicts import not_sent
 
 log = get_logger("receipts.proxy")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 MAX_PAUSE = 5.0  # seconds between the starts of a writer that keeps dying before its first answer
 # Shares of proxy.journal_timeout: the writer is asked to answer within 80 % of it (it writes nothing after:
 # writer.py), the caller gives up at 90 %, and the rest is for closing a receipt that may have been committed
-# (handler.py). A writer that has held a request for the whole timeout is killed.
+# (request/handler.py). A writer that has held a request for the whole timeout is killed.
 WRITER_SHARE = 0.8
 CALLER_SHARE = 0.9
 WRITER_START_TIMEOUT = 30.0  # seconds: a writer not ready by then is killed (its start-up is ~1 s of CPU)
@@ -255,7 +255,7 @@ class JournalClient:
 
     def _answered_late(self, held: _Held, reply: Reply) -> None:
         """A receipt committed after its caller gave up (the commit crossed the deadline): it was not sent, so
-        close it as not sent, through the writer, as handler.py does when the writer is lost."""
+        close it as not sent, through the writer, as request/handler.py does when the writer is lost."""
         request = held.request
         if not (isinstance(request, Record) and isinstance(reply, Done)):
             return
@@ -266,7 +266,7 @@ class JournalClient:
             try:
                 await self.advance(operation_id, State.SUBMITTED, closed.state, closed.detail, closed.updates)
             except StaleStateError:
-                return  # closed already (handler.py)
+                return  # closed already (request/handler.py)
             except ReceiptsError as e:
                 log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
                 return

@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from proxy_addon.records import Blocker, Intent
+from proxy_addon.rules.records import Blocker, Intent
 
 _LENGTH = struct.Struct(">I")
 HEADER_SIZE = _LENGTH.size

@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Dialect, Table
 
-from proxy_addon.models import Receipt, ReceiptTransition
-from proxy_addon.records import INTENT_FIELDS, RECEIPT_FIELDS
-from proxy_addon.states import INVALIDATING_METHODS, NOT_HAPPENED_STATES, OPEN_STATES, State
+from proxy_addon.rules.records import INTENT_FIELDS, RECEIPT_FIELDS
+from proxy_addon.rules.states import INVALIDATING_METHODS, NOT_HAPPENED_STATES, OPEN_STATES, State
+from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 _RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
 _TRANSITIONS: Table = ReceiptTransition.__table__  # type: ignore[assignment]
@@ -39,8 +39,8 @@ _KEY_MISMATCH_WHERE = "r.account = :account AND r.idempotency_key = :key AND r.i
 # the open receipt of the same intent;
 _OPEN_WHERE = f"r.account = :account AND r.intent_fingerprint = :fingerprint AND r.state IN ({_OPEN})"
 # or, when successes block (replay, refuse), the same intent's success since `since` that no later write to its
-# target has invalidated (duplicates.py). "Later" is by the order the receipts were journaled in: their creation
-# rows' history ids, one sequence for every replica, which the replicas' clocks cannot reorder.
+# target has invalidated (rules/duplicates.py). "Later" is by the order the receipts were journaled in: their
+# creation rows' history ids, one sequence for every replica, which the replicas' clocks cannot reorder.
 _OPEN_OR_SUCCEEDED_WHERE = f"""r.account = :account AND r.intent_fingerprint = :fingerprint
   AND (r.state IN ({_OPEN})
        OR (r.state = '{State.SUCCEEDED.value}' AND r.completed_at >= :since

@@ -36,8 +36,8 @@ from typing import Any, Protocol
 from proxy_addon.exceptions import IllegalTransitionError, JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal import statements as sql
 from proxy_addon.journal.statements import DriverStatements
-from proxy_addon.records import INTENT_FIELDS, Blocker, BlockKind, Intent, ReceiptRecord, utcnow
-from proxy_addon.states import TERMINAL_STATES, State, is_allowed
+from proxy_addon.rules.records import INTENT_FIELDS, Blocker, BlockKind, Intent, ReceiptRecord, utcnow
+from proxy_addon.rules.states import TERMINAL_STATES, State, is_allowed
 
 RECORD_ATTEMPTS = 3  # decisions lost to a concurrent writer's insert (another proxy) before giving up
 # what `advance` may change besides the state (everything else is fixed once the receipt is recorded)

@@ -30,21 +30,21 @@ from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
-from proxy_addon import answers
-from proxy_addon.answers import Answer
 from proxy_addon.config import HostPolicy
-from proxy_addon.fingerprint import BodyIdentity
-from proxy_addon.operations import OperationRule
 from proxy_addon.protocols import sse
 from proxy_addon.protocols.base import Call, decoded_body, is_replay, json_document, problem_of, receipt_headers
 from proxy_addon.protocols.rest import REST
-from proxy_addon.records import Verdict
-from proxy_addon.sender import SendResult, UpstreamAnswer
-from proxy_addon.states import State
+from proxy_addon.request import answers
+from proxy_addon.request.answers import Answer
+from proxy_addon.request.sender import SendResult, UpstreamResponse
+from proxy_addon.rules.fingerprint import BodyIdentity
+from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.records import Verdict
+from proxy_addon.rules.states import State
 
 if TYPE_CHECKING:
-    from proxy_addon.facts import RequestFacts
     from proxy_addon.protocols.base import Route
+    from proxy_addon.request.facts import RequestFacts
 
 NAME = "jsonrpc"
 MCP = "mcp"
@@ -112,7 +112,7 @@ class RpcCall(Call):
     def _result_verdict(self, verdict: Verdict, result: Any) -> Verdict:
         return verdict
 
-    def response_in(self, answer: UpstreamAnswer, to_this_call: bool = True) -> dict[str, Any] | None:
+    def response_in(self, answer: UpstreamResponse, to_this_call: bool = True) -> dict[str, Any] | None:
         """The JSON-RPC response to this call (else the last one) in an answer (JSON, or server-sent events)."""
         content = decoded_body(answer.headers, answer.content)
         if content is None:
@@ -132,7 +132,7 @@ class RpcCall(Call):
         dropped = {b"content-type", b"content-encoding", b"content-length"}
         headers = [(k, v) for k, v in a.headers if k.lower() not in dropped] + [(b"content-type", b"application/json")]
         content = json.dumps(response, separators=(",", ":")).encode()
-        return replace(result, answer=UpstreamAnswer(a.status_code, a.reason, headers, content))
+        return replace(result, answer=UpstreamResponse(a.status_code, a.reason, headers, content))
 
     def answer(self, answer: Answer) -> Answer:
         if not self.has_id:
@@ -147,7 +147,7 @@ class RpcCall(Call):
             return self._reply({"error": error}, answer)
         if is_replay(answer):
             # the stored response answered the first call's id: the caller's is another
-            stored_answer = UpstreamAnswer(answer.status, answer.reason or "", list(answer.headers), answer.body)
+            stored_answer = UpstreamResponse(answer.status, answer.reason or "", list(answer.headers), answer.body)
             stored = self.response_in(stored_answer, to_this_call=False)
             if stored is not None:
                 return self._reply(self._replayed({k: stored[k] for k in _RESPONSE_KEYS if k in stored}), answer, answer.status)

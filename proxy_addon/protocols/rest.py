@@ -1,5 +1,5 @@
 """REST: every request no other protocol claims. A write is identified by its method, target and body
-(fingerprint.py), named by its rule or `METHOD host path-template`, and answered in problem+json: the base
+(rules/fingerprint.py), named by its rule or `METHOD host path-template`, and answered in problem+json: the base
 `Call` as it is."""
 
 from proxy_addon.protocols.base import Call

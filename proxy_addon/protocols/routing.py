@@ -17,13 +17,13 @@ from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy_addon.config import HostPolicy, ReceiptsConfig
-from proxy_addon.operations import OperationRule
 from proxy_addon.protocols import aws, graphql, jsonrpc
 from proxy_addon.protocols.base import Call, Route
 from proxy_addon.protocols.rest import REST
+from proxy_addon.rules.operations import OperationRule
 
 if TYPE_CHECKING:
-    from proxy_addon.facts import RequestFacts
+    from proxy_addon.request.facts import RequestFacts
 
 
 class ProtocolModule(Protocol):

@@ -15,9 +15,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from proxy_addon.operations import ReconcileRule
-from proxy_addon.records import ReceiptRecord, Verdict
-from proxy_addon.states import State
+from proxy_addon.rules.operations import ReconcileRule
+from proxy_addon.rules.records import ReceiptRecord, Verdict
+from proxy_addon.rules.states import State
 
 
 class Found(StrEnum):
@@ -43,7 +43,7 @@ class ReadOutcome:
     external_id: str | None = None
 
 
-def decide(
+def read_verdict(
     receipt: ReceiptRecord, rule: ReconcileRule, retry_safe: bool, outcome: ReadOutcome, now: datetime, backoff: float
 ) -> Verdict:
     """The verdict for one read, with the evidence for the history."""

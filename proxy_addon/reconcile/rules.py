@@ -8,9 +8,10 @@ from typing import Any
 from urllib.parse import quote
 
 from proxy_addon.exceptions import ReadNotPossible, UnreadableRule
-from proxy_addon.fingerprint import REDACTED, canonical_json
-from proxy_addon.operations import PLACEHOLDER_RE, ReconcileRule, known_placeholder
-from proxy_addon.records import ReceiptRecord
+from proxy_addon.rules.fingerprint import canonical_json
+from proxy_addon.rules.operations import PLACEHOLDER_RE, ReconcileRule, known_placeholder
+from proxy_addon.rules.records import ReceiptRecord
+from proxy_addon.rules.redaction import REDACTED
 
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 

@@ -12,8 +12,6 @@ import httpx
 
 from proxy_addon.config import HostPolicy
 from proxy_addon.exceptions import UnreadableRule
-from proxy_addon.fingerprint import REDACTED, canonical_json
-from proxy_addon.operations import OperationRule, ReconcileRule
 from proxy_addon.protocols import routing, sse
 from proxy_addon.reconcile.decide import Found, ReadOutcome
 from proxy_addon.reconcile.rules import (
@@ -25,9 +23,11 @@ from proxy_addon.reconcile.rules import (
     parse_time,
     request_document,
 )
-from proxy_addon.records import ReceiptRecord
-from proxy_addon.redaction import error_text, redact_url
-from proxy_addon.sender import HOP_BY_HOP
+from proxy_addon.request.sender import HOP_BY_HOP
+from proxy_addon.rules.fingerprint import canonical_json
+from proxy_addon.rules.operations import OperationRule, ReconcileRule
+from proxy_addon.rules.records import ReceiptRecord
+from proxy_addon.rules.redaction import REDACTED, error_text, redact_url
 from proxy_addon.units import compile_jsonpath
 
 

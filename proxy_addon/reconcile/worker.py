@@ -19,14 +19,13 @@ import httpx
 from proxy_addon import metrics
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.exceptions import ReadNotPossible, StaleStateError, UnreadableRule
-from proxy_addon.handler import JournalState
 from proxy_addon.log import configure_logging, get_logger
 from proxy_addon.protocols.routing import call_name, match_rule
-from proxy_addon.reconcile.decide import Found, ReadOutcome, decide
+from proxy_addon.reconcile.decide import Found, ReadOutcome, read_verdict
 from proxy_addon.reconcile.strategies import STRATEGIES, Reader, Strategy
-from proxy_addon.records import ReceiptRecord, Verdict, utcnow
 from proxy_addon.recovery import InstanceLiveness
-from proxy_addon.states import State
+from proxy_addon.rules.records import ReceiptRecord, Verdict, utcnow
+from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
 
 log = get_logger("receipts.reconcile")
@@ -164,7 +163,7 @@ class Reconciler:
             outcome = ReadOutcome(Found.FAILED, {"error": f"{type(e).__name__}: {e}"[:300]})
         # database time: the retry time it writes is compared with the database's clock when claiming
         now = await asyncio.to_thread(self.store.db.now)
-        return decide(receipt, rule, op.retry_safe, outcome, now, self.settings.backoff)
+        return read_verdict(receipt, rule, op.retry_safe, outcome, now, self.settings.backoff)
 
 
 def run_reconcile(config: ReceiptsConfig, store: ReceiptStore, once: bool) -> int:
@@ -178,21 +177,3 @@ def run_reconcile(config: ReceiptsConfig, store: ReceiptStore, once: bool) -> in
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(reconciler.run_forever())
     return 0
-
-
-class InProxyReconciler:
-    """Addon: the reconcile worker inside the proxy, when `reconcile.in_proxy` is true."""
-
-    def __init__(self, journal: JournalState):
-        self.journal = journal
-        self._task: asyncio.Task[None] | None = None
-
-    async def running(self) -> None:
-        j = self.journal
-        if j.config is not None and j.store is not None and j.config.reconcile.in_proxy:
-            reconciler = Reconciler(j.config, j.store, worker_id=f"{j.instance_id}-reconcile")
-            self._task = asyncio.create_task(reconciler.run_forever())
-
-    async def done(self) -> None:
-        if self._task is not None:
-            self._task.cancel()

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from proxy_addon.exceptions import JournalUnavailableError
-from proxy_addon.records import utcnow
+from proxy_addon.rules.records import utcnow
 
 
 class Database:

@@ -7,8 +7,8 @@ from sqlalchemy import insert, select, update
 
 from proxy_addon import metrics
 from proxy_addon.exceptions import StaleStateError
-from proxy_addon.records import ReceiptRecord, utcnow
-from proxy_addon.states import State
+from proxy_addon.rules.records import ReceiptRecord, utcnow
+from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import Receipts, receipts, transitions
 

@@ -9,7 +9,7 @@ wraps their errors and replaces a connection the server dropped), there on the w
 The write a newcomer looks for, top to bottom in this file:
 1. `record_and_submit` decides and records in one transaction (writes.py, `record`): an earlier receipt of
    the same intent in the way (an open one, a recent success, an Idempotency-Key used for another request)
-   is raised as DuplicateIntentError, which carries it to the caller, which answers from it (duplicates.py).
+   is raised as DuplicateIntentError, which carries it to the caller, which answers from it (rules/duplicates.py).
    Otherwise the receipt is inserted as `submitted` with its creation row (`planned`) and its
    `planned -> submitted` row, and committed: only then may the request go upstream. The partial unique
    index over open receipts is the last word: of two writers that decide at once, the second inserts
@@ -27,14 +27,14 @@ from sqlalchemy import Connection, Table, select
 
 from proxy_addon import metrics
 from proxy_addon.config import AfterSuccess
-from proxy_addon.duplicates import successes_block_for
 from proxy_addon.exceptions import DuplicateIntentError, ReceiptNotFoundError
 from proxy_addon.journal.statements import DriverStatements
 from proxy_addon.journal.writes import Cursor, JournalWrites, NewReceipt, Step
-from proxy_addon.models import Receipt, ReceiptTransition
-from proxy_addon.records import Blocker, Intent, ReceiptRecord, TransitionRecord, utcnow
-from proxy_addon.states import State
+from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.records import Blocker, Intent, ReceiptRecord, TransitionRecord, utcnow
+from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
+from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 receipts: Table = Receipt.__table__  # type: ignore[assignment]
 transitions: Table = ReceiptTransition.__table__  # type: ignore[assignment]

@@ -4,8 +4,8 @@ from datetime import UTC, timedelta
 
 from sqlalchemy import and_, delete, func, select
 
-from proxy_addon.records import JournalStats, utcnow
-from proxy_addon.states import OPEN_STATES, TERMINAL_STATES, State
+from proxy_addon.rules.records import JournalStats, utcnow
+from proxy_addon.rules.states import OPEN_STATES, TERMINAL_STATES, State
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import receipts, transitions
 

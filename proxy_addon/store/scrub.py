@@ -1,4 +1,4 @@
-"""`receipts scrub`: rows written by an earlier version, redacted again with today's rules (redaction.py).
+"""`receipts scrub`: rows written by an earlier version, redacted again with today's rules (rules/redaction.py).
 
 Earlier versions kept what they did not know for a secret: vendor key headers (`x-goog-api-key`, ...), query
 parameters and fields (`access_token`, `client_secret`, `cvc`, ...), tokens in stored answers, header values
@@ -32,9 +32,9 @@ from urllib.parse import parse_qsl, urlencode
 from mitmproxy.net import encoding as mitm_encoding
 from sqlalchemy import Connection, select, update
 
-from proxy_addon import redaction
-from proxy_addon.fingerprint import canonical_json
-from proxy_addon.redaction import REDACTED, SecretFields, SecretHeaders
+from proxy_addon.rules import redaction
+from proxy_addon.rules.fingerprint import canonical_json
+from proxy_addon.rules.redaction import REDACTED, SecretFields, SecretHeaders
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import receipts, transitions
 

@@ -16,7 +16,7 @@ from support.proxy import start_inprocess_proxy
 from support.server import LoopbackServer, free_port
 from support.upstream import start_upstream
 
-from proxy_addon.states import State
+from proxy_addon.rules.states import State
 
 MAX_BODY = 64 * 1024
 

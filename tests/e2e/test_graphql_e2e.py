@@ -28,7 +28,7 @@ from support.shown import ls_table, review_page
 
 from proxy_addon.config import load_config
 from proxy_addon.reconcile.worker import Reconciler
-from proxy_addon.records import ReceiptRecord
+from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.store import ReceiptStore
 
 CREATE = "mutation CreateIssue($title: String!, $delay: Float) { createIssue(title: $title, delay: $delay) { id title } }"

@@ -37,7 +37,7 @@ def env(module_db_url, ups, tmp_path_factory):
     config = tmp / "config.yaml"
     config.write_text(
         f"secret_file: {tmp / 'secret'}\n"
-        f"proxy: {{journal_threads: {JOURNAL_THREADS}}}\n"
+        f"proxy: {{database_threads: {JOURNAL_THREADS}}}\n"
         "defaults: {upstream_timeout: 20s}\n"
         "hosts:\n"
         f'  "127.0.0.1:{ups["wait"].port}": {{in_flight: {{policy: wait, max_wait: 20s}}}}\n'

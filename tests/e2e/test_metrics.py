@@ -15,8 +15,8 @@ from support.upstream import start_upstream
 from proxy_addon import metrics
 from proxy_addon.admin.app import create_app
 from proxy_addon.config import parse_config
-from proxy_addon.records import utcnow
-from proxy_addon.states import RefusalReason, State
+from proxy_addon.rules.records import utcnow
+from proxy_addon.rules.states import RefusalReason, State
 from proxy_addon.store import ReceiptStore
 from tests.conftest import migrate
 

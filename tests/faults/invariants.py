@@ -28,8 +28,8 @@ from sqlalchemy import select
 from support.recording_upstream import Reception
 
 from proxy_addon.db import make_engine
-from proxy_addon.models import Receipt, ReceiptTransition
-from proxy_addon.states import TERMINAL_STATES, State, is_allowed
+from proxy_addon.rules.states import TERMINAL_STATES, State, is_allowed
+from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 RETRYABLE_TERMINAL = frozenset({State.REJECTED.value, State.SAFE_TO_RETRY.value})
 UNSETTLED = frozenset({State.PLANNED.value, State.SUBMITTED.value})

@@ -42,8 +42,8 @@ from support.upstream import Upstream, start_upstream
 
 from proxy_addon.config import parse_config
 from proxy_addon.reconcile.worker import Reconciler
-from proxy_addon.records import Intent
-from proxy_addon.states import State
+from proxy_addon.rules.records import Intent
+from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.instances import instances
 

@@ -29,13 +29,14 @@ from support.proxy import start_inprocess_proxy
 from support.upstream import start_upstream
 
 from faults.invariants import SUMMARY, ScenarioRow
-from proxy_addon.account import AccountHasher
 from proxy_addon.config import DEFAULT_REDACT_FIELDS, ReceiptsConfig, parse_config
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.facts import RequestFacts
-from proxy_addon.fingerprint import REDACTED, analyse_body, intent_fingerprint
-from proxy_addon.intent import build_intent
-from proxy_addon.states import State
+from proxy_addon.request.facts import RequestFacts
+from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.fingerprint import analyse_body, intent_fingerprint
+from proxy_addon.rules.intent import build_intent
+from proxy_addon.rules.redaction import REDACTED
+from proxy_addon.rules.states import State
 from proxy_addon.store.receipts import receipts, transitions
 
 FINGERPRINT = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -309,7 +310,7 @@ VALID_DOCUMENT = {
         "api.example.com:8443": {"after_success": {"policy": "allow", "window": 0}},
     },
     "proxy": {"methods": ["POST", "DELETE"], "fail_open": False, "max_stored_body": "64KiB", "heartbeat_interval": "5s",
-              "instance_dead_after": "15s", "journal_threads": 4},
+              "instance_dead_after": "15s", "database_threads": 4},
     "reconcile": {"interval": "10s", "lease": "60s", "concurrency": 2, "per_host_rate": 5.0, "batch_size": 10, "backoff": "5s"},
     "admin": {"enabled": False, "listen_host": "127.0.0.1", "listen_port": 8081, "token_env": "RECEIPTS_ADMIN_TOKEN"},
     "logging": {"level": "info", "format": "json"},

@@ -13,8 +13,8 @@ from support.recording_upstream import Reception
 from support.store import intent, raw_row
 
 from faults.invariants import Journal, find_violations, read_journal
-from proxy_addon.records import utcnow
-from proxy_addon.states import State
+from proxy_addon.rules.records import utcnow
+from proxy_addon.rules.states import State
 from proxy_addon.store.receipts import receipts, transitions
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

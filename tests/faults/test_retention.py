@@ -17,8 +17,8 @@ from sqlalchemy import delete, func, select, update
 from support.store import intent, recorded, walk
 
 from proxy_addon.cli import main
-from proxy_addon.records import utcnow
-from proxy_addon.states import OPEN_STATES, TERMINAL_STATES, State
+from proxy_addon.rules.records import utcnow
+from proxy_addon.rules.states import OPEN_STATES, TERMINAL_STATES, State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts, transitions
 from proxy_addon.store.refusals import refusals

@@ -16,7 +16,7 @@ import psycopg
 from alembic import command
 
 from proxy_addon.db import alembic_config, make_engine
-from proxy_addon.records import ReceiptRecord
+from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.store import ReceiptStore
 from support.pg import fresh_database, libpq_url
 from support.upstream import Received, Upstream

@@ -16,7 +16,7 @@ import requests
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
-from proxy_addon.addon import Receipts, make_addons
+from proxy_addon.addons.receipts import Receipts, make_addons
 from support.server import accepts, free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,14 +19,14 @@ import httpx
 import yaml
 from sqlalchemy import text
 
-from proxy_addon.account import AccountHasher, load_or_create_key
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import make_engine
-from proxy_addon.facts import RequestFacts, split_query
-from proxy_addon.intent import build_intent
 from proxy_addon.reconcile.worker import PassReport, Reconciler
-from proxy_addon.records import TransitionRecord, new_operation_id
-from proxy_addon.states import State
+from proxy_addon.request.facts import RequestFacts, split_query
+from proxy_addon.rules.account import AccountHasher, load_or_create_key
+from proxy_addon.rules.intent import build_intent
+from proxy_addon.rules.records import TransitionRecord, new_operation_id
+from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
 from support.proxy import RunningProxy, start_inprocess_proxy
 from support.world import World, start_world

@@ -6,8 +6,8 @@ from collections import deque
 from sqlalchemy import Table, func, select
 
 from proxy_addon.config import AfterSuccess
-from proxy_addon.records import Intent, ReceiptRecord, utcnow
-from proxy_addon.states import ALLOWED_TRANSITIONS, State
+from proxy_addon.rules.records import Intent, ReceiptRecord, utcnow
+from proxy_addon.rules.states import ALLOWED_TRANSITIONS, State
 from proxy_addon.store import ReceiptStore
 
 S = State

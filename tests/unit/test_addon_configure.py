@@ -5,9 +5,9 @@ from alembic import command
 from mitmproxy import exceptions
 from mitmproxy.test import taddons
 
-from proxy_addon.account import SECRET_ENV
-from proxy_addon.addon import Receipts
+from proxy_addon.addons.receipts import Receipts
 from proxy_addon.db import alembic_config
+from proxy_addon.rules.account import SECRET_ENV
 
 
 @pytest.fixture

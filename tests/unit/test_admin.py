@@ -21,14 +21,14 @@ from support.server import free_port
 from support.store import intent, recorded, walk
 
 from proxy_addon.admin.app import create_app
+from proxy_addon.admin.openapi import openapi_document
 from proxy_addon.admin.server import AdminServer
 from proxy_addon.cli import main as cli_main
 from proxy_addon.config import parse_config
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.openapi import openapi_document
-from proxy_addon.records import utcnow
-from proxy_addon.states import State
+from proxy_addon.rules.records import utcnow
+from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts
 from tests.conftest import migrate

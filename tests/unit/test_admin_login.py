@@ -11,9 +11,9 @@ import sys
 import pytest
 from support.proxy import REPO
 
+from proxy_addon.addons.admin import InProxyAdmin
 from proxy_addon.admin.app import create_app
 from proxy_addon.admin.guards import LOGIN_COOKIE, LoginSessions, safe_next
-from proxy_addon.admin.server import InProxyAdmin
 from proxy_addon.config import parse_config
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import ConfigError
@@ -159,7 +159,7 @@ def test_the_proxy_goes_on_when_its_admin_port_is_busy(store, tmp_path, monkeypa
 
         info = warning = error
 
-    monkeypatch.setattr("proxy_addon.admin.server.log", Recorder())
+    monkeypatch.setattr("proxy_addon.addons.admin.log", Recorder())
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         config = parse_config(f"secret_file: {tmp_path / 's'}\nadmin: {{enabled: true, listen_port: {port}}}")

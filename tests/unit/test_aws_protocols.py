@@ -7,12 +7,12 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.parsers import JSONParser, QueryParser
 
-from proxy_addon import answers
 from proxy_addon.config import parse_config
-from proxy_addon.facts import RequestFacts
 from proxy_addon.protocols import routing
 from proxy_addon.protocols.aws import AwsJsonCall, AwsQueryCall
 from proxy_addon.protocols.base import Call
+from proxy_addon.request import answers
+from proxy_addon.request.facts import RequestFacts
 
 CONFIG = parse_config("{}")
 FORM = "application/x-www-form-urlencoded; charset=utf-8"

@@ -1,6 +1,6 @@
 """The pure decisions, table by table: how a send ended (sender.classify_exception), what that makes of the
-receipt (verdicts.classify_outcome), what of an answer is kept (verdicts.storable_response), and what a request
-gets when an earlier receipt stands in its way (duplicates.decide, duplicates.replayable)."""
+receipt (verdicts.send_verdict), what of an answer is kept (verdicts.storable_response), and what a request
+gets when an earlier receipt stands in its way (duplicates.decide_retry, duplicates.replayable)."""
 
 import gzip
 import json
@@ -11,13 +11,14 @@ import h11
 import pytest
 from support.store import fp, intent
 
-from proxy_addon import answers, duplicates
 from proxy_addon.config import AfterSuccess, parse_config
-from proxy_addon.operations import OperationRule
-from proxy_addon.records import Blocker, BlockKind, ReceiptRecord, utcnow
-from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer, classify_exception
-from proxy_addon.states import RefusalReason, State
-from proxy_addon.verdicts import classify_outcome, storable_response
+from proxy_addon.request import answers
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse, classify_exception
+from proxy_addon.rules import duplicates
+from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.records import Blocker, BlockKind, ReceiptRecord, utcnow
+from proxy_addon.rules.states import RefusalReason, State
+from proxy_addon.rules.verdicts import send_verdict, storable_response
 
 POLICY = parse_config("hosts: {}").policy_for("api.example.com", 443)
 
@@ -40,7 +41,7 @@ def test_classify_exception_by_whether_a_byte_may_have_been_written(exc, written
 
 
 def answered(status: int, body: bytes = b"{}", headers: list[tuple[bytes, bytes]] | None = None) -> SendResult:
-    return SendResult(SendEnd.ANSWERED, UpstreamAnswer(status, "", headers or [(b"content-type", b"application/json")], body))
+    return SendResult(SendEnd.ANSWERED, UpstreamResponse(status, "", headers or [(b"content-type", b"application/json")], body))
 
 
 @pytest.mark.parametrize(
@@ -60,14 +61,14 @@ def answered(status: int, body: bytes = b"{}", headers: list[tuple[bytes, bytes]
     ],
 )
 def test_classify_outcome(result, state, error_code, status):
-    verdict = classify_outcome(result, POLICY, None)
+    verdict = send_verdict(result, POLICY, None)
     assert (verdict.state, verdict.error_code, verdict.status_code) == (state, error_code, status)
 
 
 def test_the_hosts_unknown_statuses_decide_what_is_unknown():
     policy = parse_config("hosts: {api.example.com: {unknown_statuses: [502]}}").policy_for("api.example.com", 443)
-    assert classify_outcome(answered(500), policy, None).state == State.REJECTED
-    assert classify_outcome(answered(502), policy, None).state == State.OUTCOME_UNKNOWN
+    assert send_verdict(answered(500), policy, None).state == State.REJECTED
+    assert send_verdict(answered(502), policy, None).state == State.OUTCOME_UNKNOWN
 
 
 @pytest.mark.parametrize(
@@ -83,7 +84,7 @@ def test_the_hosts_unknown_statuses_decide_what_is_unknown():
 )
 def test_the_external_id_comes_from_the_rule(spec, result, external_id):
     rule = OperationRule(name="create", method="POST", path="/things", external_id=spec)
-    assert classify_outcome(result, POLICY, rule).external_id == external_id
+    assert send_verdict(result, POLICY, rule).external_id == external_id
 
 
 def test_a_json_answer_with_a_secret_is_stored_redacted_and_others_as_they_came():
@@ -146,7 +147,7 @@ REPLAY = AfterSuccess(policy="replay", window="15m")
     ids=["nothing-in-the-way", "open", "success-replayed", "success-refused", "success-without-answer", "key-reused"],
 )
 def test_the_duplicate_decision(blocker, after_success, decision, reason, status, problem):
-    got = duplicates.decide(blocker, after_success)
+    got = duplicates.decide_retry(blocker, after_success)
     assert (got.decision, got.reason, got.status, got.problem) == (decision, reason, status, problem)
     document = got.document()
     assert document["blocking_operation_id"] == (blocker.receipt.operation_id if blocker else None)
@@ -169,12 +170,12 @@ def test_replayable(record, ok):
 
 
 def test_a_refusal_answer_names_the_blocking_receipt_and_a_replay_says_so():
-    replay = duplicates.refusal_answer(duplicates.decide(Blocker(BlockKind.SUCCEEDED, SUCCESS), REPLAY), None)
+    replay = duplicates.refusal_answer(duplicates.decide_retry(Blocker(BlockKind.SUCCEEDED, SUCCESS), REPLAY), None)
     assert replay.status == 201 and replay.body == b'{"id":1}'
     assert replay.header(answers.REPLAYED_HEADER) == "true" and replay.header(answers.RECEIPT_ID_HEADER) == SUCCESS.operation_id
     assert replay.header("content-length") == "8"
     open_one = receipt(State.MANUAL_REVIEW, None)
-    refused = duplicates.refusal_answer(duplicates.decide(Blocker(BlockKind.OPEN, open_one), REPLAY), None)
+    refused = duplicates.refusal_answer(duplicates.decide_retry(Blocker(BlockKind.OPEN, open_one), REPLAY), None)
     assert refused.status == 409 and json.loads(refused.body)["operation_id"] == open_one.operation_id
     assert refused.header(answers.RECEIPT_STATE_HEADER) == "manual_review"
 

@@ -14,8 +14,8 @@ from support.store import intent, recorded, walk
 
 from proxy_addon.cli import main
 from proxy_addon.db import make_engine
-from proxy_addon.records import utcnow
-from proxy_addon.states import State
+from proxy_addon.rules.records import utcnow
+from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts
 
@@ -268,7 +268,7 @@ def test_ls_host_takes_host_and_port_and_shows_the_port(cli, cli_store):
     ("::1", "::1", None),
 ])
 def test_host_filters(text, host, port):
-    from proxy_addon.documents import parse_host_filter
+    from proxy_addon.views.documents import parse_host_filter
 
     assert parse_host_filter(text) == (host, port)
 
@@ -432,8 +432,8 @@ def test_paths_in_a_config_are_relative_to_it_from_another_directory(tmp_path):
 
 
 def test_the_secret_file_and_the_default_database_sit_beside_the_config(tmp_path, monkeypatch):
-    from proxy_addon.account import load_or_create_key
     from proxy_addon.config import load_config
+    from proxy_addon.rules.account import load_or_create_key
 
     confdir = tmp_path / "conf"
     confdir.mkdir()

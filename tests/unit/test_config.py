@@ -2,10 +2,11 @@
 per-host policy and operation lookups."""
 
 import pytest
+from structlog.testing import capture_logs
 
 from proxy_addon.config import BUILTIN_SECRET_HEADERS, load_config, parse_config
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.operations import compile_path_template
+from proxy_addon.rules.operations import compile_path_template
 from proxy_addon.units import parse_duration, parse_size
 
 # The example config of CONTRACT.md, verbatim.
@@ -298,3 +299,12 @@ def test_upstream_deadline_and_in_flight_per_host():
 def test_journal_timeout_is_a_duration_of_15s_by_default():
     assert parse_config("").proxy.journal_timeout == 15.0
     assert parse_config("proxy: {journal_timeout: 1500ms}").proxy.journal_timeout == 1.5
+
+
+def test_a_renamed_key_keeps_working_with_a_deprecation_line_and_both_names_are_refused():
+    with capture_logs() as logged:
+        assert parse_config("proxy: {journal_threads: 3}").proxy.database_threads == 3
+    assert [(e["event"], e["key"], e["use"]) for e in logged] == [("config_key_deprecated", "proxy.journal_threads", "proxy.database_threads")]
+    assert parse_config("proxy: {database_threads: 5}").proxy.database_threads == 5
+    with pytest.raises(ConfigError, match=r"proxy.journal_threads is the old name of proxy.database_threads"):
+        parse_config("proxy: {journal_threads: 3, database_threads: 4}")

@@ -14,21 +14,20 @@ from mitmproxy.net.http.multipart import encode_multipart
 from pydantic import ValidationError
 from support.bodies import binary
 
-from proxy_addon.account import ANONYMOUS, SECRET_ENV, AccountHasher, load_or_create_key
 from proxy_addon.config import BUILTIN_SECRET_HEADERS, DEFAULT_REDACT_FIELDS
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.fingerprint import (
+from proxy_addon.rules.account import ANONYMOUS, SECRET_ENV, AccountHasher, load_or_create_key
+from proxy_addon.rules.fingerprint import (
     MAX_CANONICAL_BODY,
     MAX_ITEMS,
     MAX_JSON_DEPTH,
     MAX_NUMBER_CHARS,
-    REDACTED,
     analyse_body,
     canonical_json,
     intent_fingerprint,
-    redact_headers,
 )
-from proxy_addon.operations import FingerprintRule
+from proxy_addon.rules.operations import FingerprintRule
+from proxy_addon.rules.redaction import REDACTED, redact_headers
 
 RF = frozenset(DEFAULT_REDACT_FIELDS)
 JSON = "application/json"
@@ -428,7 +427,7 @@ def test_a_body_at_a_canonicalisation_bound_is_canonicalised_and_one_past_it_is_
 @pytest.mark.parametrize("parts, kind", [(9, "multipart"), (10, "bytes")])
 def test_a_multipart_body_at_the_parts_bound_is_read_and_one_past_it_is_not(monkeypatch, parts, kind):
     """n parts have n + 1 delimiters (the closing one too); the bound is lowered to 10 to keep the test fast."""
-    monkeypatch.setattr("proxy_addon.fingerprint.MAX_ITEMS", 10)
+    monkeypatch.setattr("proxy_addon.rules.fingerprint.MAX_ITEMS", 10)
     ct, raw = multipart("b0undary", [(b"f", b"1")] * parts)
     assert raw.count(b"--b0undary") == parts + 1
     assert analyse_body(ct, raw, RF).kind == kind

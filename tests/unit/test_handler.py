@@ -12,10 +12,10 @@ import pytest
 from mitmproxy.test import taddons, tflow, tutils
 from support.e2e import migrate
 
-from proxy_addon.addon import METADATA_KEY, Receipts
+from proxy_addon.addons.receipts import METADATA_KEY, Receipts
 from proxy_addon.exceptions import JournalUnavailableError
 from proxy_addon.journal.client import WriterThread
-from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse
 from proxy_addon.store import ReceiptStore
 
 
@@ -37,7 +37,7 @@ class FakeSender:
 
 
 def created(body: bytes = b'{"id": 7}', status: int = 201) -> SendResult:
-    return SendResult(SendEnd.ANSWERED, UpstreamAnswer(status, "Created", [(b"content-type", b"application/json")], body))
+    return SendResult(SendEnd.ANSWERED, UpstreamResponse(status, "Created", [(b"content-type", b"application/json")], body))
 
 
 def post(body: bytes = b'{"title": "hello"}', method: bytes = b"POST", path: bytes = b"/api/articles") -> Any:
@@ -174,7 +174,7 @@ def test_a_bug_in_the_handler_fails_closed_too(journal, monkeypatch):
     def broken(*_a: Any, **_kw: Any) -> None:
         raise KeyError("a bug")
 
-    monkeypatch.setattr("proxy_addon.handler.build_intent", broken)
+    monkeypatch.setattr("proxy_addon.request.handler.build_intent", broken)
     flow = run(post())
     assert flow.response.status_code == 503 and "internal error: KeyError" in json.loads(flow.response.content)["detail"]
     assert sender.sent == []

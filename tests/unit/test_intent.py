@@ -1,11 +1,11 @@
-"""intent.py on its own: what of a request's body the intent keeps, at the bounds of `proxy.max_stored_body`."""
+"""rules/intent.py on its own: what of a request's body the intent keeps, at the bounds of `proxy.max_stored_body`."""
 
 import pytest
 
-from proxy_addon.account import AccountHasher
 from proxy_addon.config import parse_config
-from proxy_addon.facts import RequestFacts
-from proxy_addon.intent import build_intent
+from proxy_addon.request.facts import RequestFacts
+from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.intent import build_intent
 
 POLICY = parse_config("").policy_for("api.example.com", 443)
 CAP = 64

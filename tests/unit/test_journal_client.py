@@ -11,7 +11,6 @@ from support.e2e import migrate
 from support.store import intent
 
 from proxy_addon.config import AfterSuccess
-from proxy_addon.duplicates import successes_block_for
 from proxy_addon.exceptions import (
     DuplicateOpenError,
     JournalTimeoutError,
@@ -22,7 +21,8 @@ from proxy_addon.exceptions import (
 from proxy_addon.journal.client import JournalClient, WriterThread
 from proxy_addon.journal.messages import Blocked, Done, Failed, Ready, Record, Setup, frame, split_frames
 from proxy_addon.journal.writer import JournalWriter
-from proxy_addon.states import State
+from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.states import State
 
 DEFAULT_WINDOW = successes_block_for(AfterSuccess())  # what a Record carries for the default policy
 

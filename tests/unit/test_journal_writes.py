@@ -17,7 +17,6 @@ from support.store import S, fp, intent
 
 from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
-from proxy_addon.duplicates import successes_block_for
 from proxy_addon.exceptions import (
     DuplicateIntentError,
     IllegalTransitionError,
@@ -29,7 +28,8 @@ from proxy_addon.journal.connection import DriverConnection
 from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Record
 from proxy_addon.journal.writer import JournalWriter
 from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
-from proxy_addon.records import Blocker, Intent, ReceiptRecord
+from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.records import Blocker, Intent, ReceiptRecord
 from proxy_addon.store import ReceiptStore
 
 REPLAY = AfterSuccess(policy="replay", window=3600)

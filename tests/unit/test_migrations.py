@@ -17,7 +17,7 @@ from proxy_addon.db import (
     resolve_database_url,
 )
 from proxy_addon.exceptions import DatabaseURLError, JournalUnavailableError, SchemaNotMigratedError
-from proxy_addon.models import Base
+from proxy_addon.store.tables import Base
 
 TABLES = {"receipts", "receipt_transitions", "proxy_instances", "duplicate_refusals"}
 

@@ -12,9 +12,9 @@ import pytest
 from mitmproxy.test import taddons, tflow, tutils
 from support.e2e import migrate
 
-from proxy_addon.addon import METADATA_KEY, Receipts
-from proxy_addon.protocols.passthrough import PASSES_KEY, Passthrough
-from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer
+from proxy_addon.addons.passthrough import PASSES_KEY, Passthrough
+from proxy_addon.addons.receipts import METADATA_KEY, Receipts
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse
 from proxy_addon.store import ReceiptStore
 
 
@@ -113,7 +113,7 @@ def test_an_upgrade_is_left_to_mitmproxy(proxy):
 
 
 def test_a_journaled_request_is_read_whole_and_sent_by_the_handler(proxy):
-    answered = SendResult(SendEnd.ANSWERED, UpstreamAnswer(201, "Created", [(b"content-type", b"application/json")], b"{}"))
+    answered = SendResult(SendEnd.ANSWERED, UpstreamResponse(201, "Created", [(b"content-type", b"application/json")], b"{}"))
     hooks, sender = proxy(answered)
     f = hooks(flow("POST", body={"title": "a"}))
     assert f.request.stream is False and sender.sent == [b'{"title": "a"}']
@@ -140,7 +140,7 @@ def test_an_internal_error_is_said_in_the_protocols_shape_too(proxy, monkeypatch
     def broken(*_a: Any, **_kw: Any) -> None:
         raise KeyError("a bug")
 
-    monkeypatch.setattr("proxy_addon.handler.build_intent", broken)
+    monkeypatch.setattr("proxy_addon.request.handler.build_intent", broken)
     hooks, sender = proxy()
     call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "x", "arguments": {}}}
     f = hooks(flow("POST", path="/mcp", body=call))

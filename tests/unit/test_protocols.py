@@ -13,18 +13,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy_addon import answers
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError, UnreadableRule
-from proxy_addon.facts import RequestFacts
-from proxy_addon.fingerprint import analyse_body, intent_fingerprint
 from proxy_addon.protocols import graphql, jsonrpc, routing, sse
 from proxy_addon.protocols.base import Call
 from proxy_addon.protocols.hosts import find_host_entry, is_model_api
 from proxy_addon.reconcile.rules import fill_body
-from proxy_addon.records import ReceiptRecord, Verdict
-from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer
-from proxy_addon.states import State
+from proxy_addon.request import answers
+from proxy_addon.request.facts import RequestFacts
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse
+from proxy_addon.rules.fingerprint import analyse_body, intent_fingerprint
+from proxy_addon.rules.records import ReceiptRecord, Verdict
+from proxy_addon.rules.states import State
 
 CONFIG = """
 proxy: {methods: [POST, PUT, PATCH, DELETE, PURGE]}
@@ -229,7 +229,7 @@ def test_graphql_problems_are_errors_with_the_receipt(config):
 )
 def test_graphql_verdicts(config, body, state, code):
     call = graphql_call(config, {"query": MUTATION, "variables": {"title": "a"}})
-    result = SendResult(SendEnd.ANSWERED, UpstreamAnswer(200, "OK", [(b"content-type", b"application/json")], json.dumps(body).encode()))
+    result = SendResult(SendEnd.ANSWERED, UpstreamResponse(200, "OK", [(b"content-type", b"application/json")], json.dumps(body).encode()))
     verdict = call.verdict(Verdict(State.SUCCEEDED, {"status_code": 200}), result)
     assert (verdict.state, verdict.error_code, verdict.status_code) == (state, code, 200)
 
@@ -302,13 +302,13 @@ def test_a_tool_calls_identity_is_its_name_and_arguments(config):
     assert tool_fingerprint(config, tool_call("delete_ticket", arguments={"title": "a", "n": 1})) != base
 
 
-def sse_answer(*messages: dict) -> UpstreamAnswer:
+def sse_answer(*messages: dict) -> UpstreamResponse:
     body = b": ping\r\n\r\n" + b"".join(sse.encode(m) for m in messages)
-    return UpstreamAnswer(200, "OK", [(b"content-type", b"text/event-stream")], body)
+    return UpstreamResponse(200, "OK", [(b"content-type", b"text/event-stream")], body)
 
 
-def json_answer(message: dict) -> UpstreamAnswer:
-    return UpstreamAnswer(200, "OK", [(b"content-type", b"application/json")], json.dumps(message).encode())
+def json_answer(message: dict) -> UpstreamResponse:
+    return UpstreamResponse(200, "OK", [(b"content-type", b"application/json")], json.dumps(message).encode())
 
 
 PROGRESS = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 0.5}}
@@ -450,7 +450,7 @@ def test_the_seam_never_raises_on_bad_input(config, body, path, answer):
     body_identity = call.identity(analyse_body("application/json", f.body, frozenset({"password"})), None)
     intent_fingerprint("POST", "rpc.test", 443, path, [], body_identity)
     for content_type in (b"application/json", b"text/event-stream"):
-        result = SendResult(SendEnd.ANSWERED, UpstreamAnswer(200, "OK", [(b"content-type", content_type)], answer))
+        result = SendResult(SendEnd.ANSWERED, UpstreamResponse(200, "OK", [(b"content-type", content_type)], answer))
         call.verdict(Verdict(State.SUCCEEDED, {"status_code": 200}), result)
         call.stored(result)
     replay = answers.answer(200, answer, {"content-type": "application/json"}).with_headers({answers.REPLAYED_HEADER: "true"})

@@ -1,7 +1,7 @@
 """The reconciliation worker, called directly: receipts made outcome_unknown as the proxy would make them
 (support/reconcile.py, without a proxy), a real JSON API on 127.0.0.1 (support/world.py) that commits and hangs,
 never stores, stores late, holds near-duplicates; then `Reconciler.run_once()` reads the world and gives a
-verdict, with its evidence in the history. Every test runs on SQLite and PostgreSQL. The table for `decide()`
+verdict, with its evidence in the history. Every test runs on SQLite and PostgreSQL. The table for `read_verdict()`
 and the rules refused at load are at the end. tests/e2e/test_reconcile.py keeps a handful through the proxy.
 """
 
@@ -35,10 +35,10 @@ from support.world import COMMIT_THEN_HANG, DELETE_THEN_HANG, HANG_WITHOUT_DELET
 
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.operations import ReconcileRule
-from proxy_addon.reconcile.decide import ReadOutcome, decide
-from proxy_addon.records import ReceiptRecord, Verdict
-from proxy_addon.states import State
+from proxy_addon.reconcile.decide import ReadOutcome, read_verdict
+from proxy_addon.rules.operations import ReconcileRule
+from proxy_addon.rules.records import ReceiptRecord, Verdict
+from proxy_addon.rules.states import State
 
 
 @pytest.fixture
@@ -433,7 +433,7 @@ def test_unknowns_without_a_rule_go_to_a_person_at_once(make_env):
     assert env.world.received("GET") == []
 
 
-# -- decide(): the verdict table ------------------------------------------------------------------------------
+# -- read_verdict(): the verdict table ------------------------------------------------------------------------------
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 SUBMITTED = NOW - timedelta(seconds=10)
@@ -505,9 +505,9 @@ DECIDE_TABLE = [
     "method, attempts, rule, retry_safe, kind, ext, want_state, want_updates",
     [pytest.param(*row[1:], id=row[0]) for row in DECIDE_TABLE],
 )
-def test_decide(method, attempts, rule, retry_safe, kind, ext, want_state, want_updates):
+def test_read_verdict(method, attempts, rule, retry_safe, kind, ext, want_state, want_updates):
     outcome = ReadOutcome(kind, {"read": {"status": 200}}, ext)
-    d = decide(_receipt(method, attempts, external_id=None), _rule(**rule), retry_safe, outcome, NOW, backoff=2.0)
+    d = read_verdict(_receipt(method, attempts, external_id=None), _rule(**rule), retry_safe, outcome, NOW, backoff=2.0)
     assert isinstance(d, Verdict)
     assert d.state == want_state
     assert d.updates == {**LEASE_CLEARED, **want_updates}
@@ -516,22 +516,22 @@ def test_decide(method, attempts, rule, retry_safe, kind, ext, want_state, want_
         assert d.detail["reason"]
 
 
-def test_decide_present_keeps_the_id_the_proxy_already_knew():
-    d = decide(_receipt(external_id="7"), _rule(), False, ReadOutcome("present"), NOW, 1.0)
+def test_read_verdict_present_keeps_the_id_the_proxy_already_knew():
+    d = read_verdict(_receipt(external_id="7"), _rule(), False, ReadOutcome("present"), NOW, 1.0)
     assert (d.state, d.updates["external_id"]) == (S.SUCCEEDED, "7")
 
 
-def test_decide_never_gives_safe_to_retry_without_retry_safe():
+def test_read_verdict_never_gives_safe_to_retry_without_retry_safe():
     for kind in ("present", "absent", "still_present", "ambiguous", "mismatch", "refused", "failed"):
         for method in ("POST", "DELETE"):
             for attempts in (0, 5):
-                d = decide(_receipt(method, attempts), _rule(settle="0s"), False, ReadOutcome(kind), NOW, 1.0)
+                d = read_verdict(_receipt(method, attempts), _rule(settle="0s"), False, ReadOutcome(kind), NOW, 1.0)
                 assert d.state != S.SAFE_TO_RETRY, (kind, method, attempts)
 
 
-def test_decide_unknown_read_kind_is_refused():
+def test_read_verdict_unknown_read_kind_is_refused():
     with pytest.raises(ValueError):
-        decide(_receipt(), _rule(), True, ReadOutcome("maybe"), NOW, 1.0)
+        read_verdict(_receipt(), _rule(), True, ReadOutcome("maybe"), NOW, 1.0)
 
 
 # -- rules that cannot work are refused at load ---------------------------------------------------------------
@@ -564,7 +564,7 @@ def test_unworkable_reconcile_rules_are_refused(operation, message):
 
 
 def test_workable_rules_load_and_default_absence_needs_retry_safe():
-    from proxy_addon.operations import OperationRule
+    from proxy_addon.rules.operations import OperationRule
 
     op = OperationRule(name="x", method="POST", path="/x", reconcile={"strategy": "lookup", "url": "http://h/{external_id}"})
     assert op.reconcile.absent_means == "manual_review"

@@ -1,4 +1,4 @@
-"""What is a secret (redaction.py), as tables; the account and the identity that secrets give an intent; and a
+"""What is a secret (rules/redaction.py), as tables; the account and the identity that secrets give an intent; and a
 property test: random JSON documents with secret fields never store a secret value, and two documents that
 differ only in a secret value are two intents."""
 
@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy_addon import redaction
-from proxy_addon.account import ANONYMOUS, AccountHasher
 from proxy_addon.config import parse_config
-from proxy_addon.facts import RequestFacts
-from proxy_addon.fingerprint import analyse_body, canonical_json, intent_fingerprint
-from proxy_addon.intent import build_intent
-from proxy_addon.redaction import REDACTED, SecretFields, SecretHeaders
+from proxy_addon.request.facts import RequestFacts
+from proxy_addon.rules import redaction
+from proxy_addon.rules.account import ANONYMOUS, AccountHasher
+from proxy_addon.rules.fingerprint import analyse_body, canonical_json, intent_fingerprint
+from proxy_addon.rules.intent import build_intent
+from proxy_addon.rules.redaction import REDACTED, SecretFields, SecretHeaders
 
 HASHER = AccountHasher(b"k" * 32)
 
@@ -276,16 +276,16 @@ def test_random_documents_never_store_a_secret_and_their_secrets_count(case, val
 
 
 def test_the_senders_error_becomes_the_receipts_without_the_data_it_quotes():
-    """One place turns the sender's error text into the receipt's error (verdicts.classify_outcome)."""
-    from proxy_addon.sender import SendEnd, SendResult
-    from proxy_addon.verdicts import classify_outcome
+    """One place turns the sender's error text into the receipt's error (verdicts.send_verdict)."""
+    from proxy_addon.request.sender import SendEnd, SendResult
+    from proxy_addon.rules.verdicts import send_verdict
 
     for end in (SendEnd.NOT_SENT, SendEnd.RESET):
         result = SendResult(end, error="LocalProtocolError: Illegal header value b'Bearer s3cr3t-6d1\\x00'")
-        verdict = classify_outcome(result, POLICY, None)
+        verdict = send_verdict(result, POLICY, None)
         assert "s3cr3t-6d1" not in verdict.error_message and "Illegal header value" in verdict.error_message
     url = SendResult(SendEnd.NOT_SENT, error="ValueError: no host in 'http://user:pw-6d1@/x?access_token=t-6d1'")
-    assert "6d1" not in classify_outcome(url, POLICY, None).error_message
+    assert "6d1" not in send_verdict(url, POLICY, None).error_message
 
 
 def test_structlog_lines_are_scrubbed():

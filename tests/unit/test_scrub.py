@@ -13,7 +13,7 @@ from support.store import intent, recorded, walk
 
 from proxy_addon.cli import main
 from proxy_addon.db import make_engine
-from proxy_addon.states import State
+from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts, transitions
 

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from support.server import free_port
 
-from proxy_addon.sender import SendEnd, SendResult, Timeouts, TLSSettings, UpstreamSender
+from proxy_addon.request.sender import SendEnd, SendResult, Timeouts, TLSSettings, UpstreamSender
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 ANSWER = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 9\r\n\r\n{\"id\": 1}"

@@ -15,7 +15,7 @@ from support.store import intent, recorded, walk
 from proxy_addon.admin.app import create_app
 from proxy_addon.config import parse_config
 from proxy_addon.db import make_engine
-from proxy_addon.states import State
+from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts
 from tests.conftest import migrate
@@ -125,13 +125,13 @@ def test_the_api_and_the_page_filter_by_host_and_port(sqlite_store, tmp_path):
     (None, b"", "empty"),
 ])
 def test_body_kinds(content_type, stored, kind):
-    from proxy_addon.journaled import body_view
+    from proxy_addon.views.journaled import body_view
 
     assert body_view(stored, len(stored), False, None, content_type).kind == kind
 
 
 def test_a_cap_that_cut_a_character_in_two_is_still_text():
-    from proxy_addon.journaled import body_lines, body_view
+    from proxy_addon.views.journaled import body_lines, body_view
 
     body = body_view("é".encode() * 3 + b"\xc3", 100, True, None, "text/plain")
     assert (body.kind, body_lines(body)) == ("text", ["ééé"])

@@ -1,4 +1,4 @@
-"""Requests signed per attempt (signing.py): an SDK's two attempts of one call are one account and one intent;
+"""Requests signed per attempt (rules/signing.py): an SDK's two attempts of one call are one account and one intent;
 two signers are two accounts; nothing readable is stored. Signed by the SDKs' own signers where one is installed
 (botocore, azure-core), else with the header exactly as the scheme's specification shows it."""
 
@@ -11,13 +11,13 @@ from botocore.auth import HmacV1Auth, S3SigV4QueryAuth, SigV2Auth, SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from proxy_addon.account import ANONYMOUS, AccountHasher
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.facts import RequestFacts, split_query
-from proxy_addon.intent import build_intent
-from proxy_addon.redaction import REDACTED
-from proxy_addon.signing import account_part, split_pairs
+from proxy_addon.request.facts import RequestFacts, split_query
+from proxy_addon.rules.account import ANONYMOUS, AccountHasher
+from proxy_addon.rules.intent import build_intent
+from proxy_addon.rules.redaction import REDACTED
+from proxy_addon.rules.signing import account_part, split_pairs
 
 HASHER = AccountHasher(b"s" * 32)
 POLICY = parse_config("{}").policy_for("email.us-east-1.amazonaws.com", 443)

@@ -1,11 +1,11 @@
 """The state machine against the contract's own list (CONTRACT.md, "States"), written out here by hand: the
-table in states.py cannot be its own oracle."""
+table in rules/states.py cannot be its own oracle."""
 
 import itertools
 
 import pytest
 
-from proxy_addon.states import (
+from proxy_addon.rules.states import (
     ALLOWED_TRANSITIONS,
     IN_FLIGHT_STATES,
     OPEN_STATES,

@@ -25,8 +25,8 @@ from proxy_addon.exceptions import (
     ReceiptNotFoundError,
     StaleStateError,
 )
-from proxy_addon.records import BlockKind, ReceiptRecord, utcnow
-from proxy_addon.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, State
+from proxy_addon.rules.records import BlockKind, ReceiptRecord, utcnow
+from proxy_addon.rules.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts, transitions
 

@@ -16,8 +16,8 @@ from support.store import S, count, intent, recorded, transitioned, walk
 
 from proxy_addon.db import PG_IDLE_IN_TRANSACTION_TIMEOUT_MS, alembic_config, make_engine
 from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError
-from proxy_addon.records import utcnow
-from proxy_addon.states import OPEN_STATES, TERMINAL_STATES
+from proxy_addon.rules.records import utcnow
+from proxy_addon.rules.states import OPEN_STATES, TERMINAL_STATES
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.instances import instances
 from proxy_addon.store.receipts import receipts, transitions

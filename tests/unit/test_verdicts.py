@@ -1,4 +1,4 @@
-"""verdicts.py on its own: which ending is which verdict, and what of an answer is kept for a replay."""
+"""rules/verdicts.py on its own: which ending is which verdict, and what of an answer is kept for a replay."""
 
 import gzip
 import json
@@ -6,15 +6,15 @@ import json
 import pytest
 
 from proxy_addon.config import parse_config
-from proxy_addon.sender import SendEnd, SendResult, UpstreamAnswer
-from proxy_addon.states import State
-from proxy_addon.verdicts import classify_outcome, is_success, storable_response
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse
+from proxy_addon.rules.states import State
+from proxy_addon.rules.verdicts import is_success, send_verdict, storable_response
 
 POLICY = parse_config("").policy_for("api.example.com", 443)
 
 
 def answered(status: int, body: bytes = b"", headers: list[tuple[bytes, bytes]] | None = None) -> SendResult:
-    return SendResult(SendEnd.ANSWERED, UpstreamAnswer(status, "", headers or [], body))
+    return SendResult(SendEnd.ANSWERED, UpstreamResponse(status, "", headers or [], body))
 
 
 @pytest.mark.parametrize("status, state", [
@@ -24,7 +24,7 @@ def answered(status: int, body: bytes = b"", headers: list[tuple[bytes, bytes]] 
     (500, State.OUTCOME_UNKNOWN), (503, State.OUTCOME_UNKNOWN),
 ])
 def test_the_verdict_of_each_status(status, state):
-    verdict = classify_outcome(answered(status), POLICY, None)
+    verdict = send_verdict(answered(status), POLICY, None)
     assert (verdict.state, verdict.status_code) == (state, status)
     assert is_success(status) == (state == State.SUCCEEDED)
 
@@ -34,7 +34,7 @@ def test_the_verdict_of_each_status(status, state):
     (SendEnd.RESET, State.OUTCOME_UNKNOWN), (SendEnd.ERROR, State.OUTCOME_UNKNOWN),
 ])
 def test_the_verdict_of_each_ending_without_an_answer(end, state):
-    assert classify_outcome(SendResult(end, error="x"), POLICY, None).state == state
+    assert send_verdict(SendResult(end, error="x"), POLICY, None).state == state
 
 
 def test_an_answer_is_kept_as_delivered():

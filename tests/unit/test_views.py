@@ -10,8 +10,8 @@ from sqlalchemy import inspect, text, update
 from support.store import intent, recorded, walk
 
 from proxy_addon.db import alembic_config, make_engine
-from proxy_addon.records import utcnow
-from proxy_addon.states import RefusalReason, State
+from proxy_addon.rules.records import utcnow
+from proxy_addon.rules.states import RefusalReason, State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts
 

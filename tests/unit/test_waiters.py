@@ -1,9 +1,9 @@
-"""waiters.py on its own: repeats waiting for an in-flight original's verdict, woken by the handler (this proxy's
+"""request/waiters.py on its own: repeats waiting for an in-flight original's verdict, woken by the handler (this proxy's
 originals) or by one shared, backed-off poll (other replicas'); bounded by their own deadline and their client."""
 
 import asyncio
 
-from proxy_addon.waiters import VerdictWaiters
+from proxy_addon.request.waiters import VerdictWaiters
 
 
 class States:

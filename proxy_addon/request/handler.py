@@ -3,10 +3,10 @@
 1. Journal: build the intent (fingerprint, account, redacted copy; on a journal thread when the body is
    large), then the journal writer (journal/) decides and commits the receipt as `submitted`, with its
    `planned` and `planned -> submitted` rows, in one commit. A duplicate is answered from the receipt in its
-   way (duplicates.py); a journal that cannot be written fails closed (503), or open when configured. A duplicate of an original still in flight, on a host whose `in_flight.policy`
-   is `wait`, first waits for the original's verdict (waiters.py), then is journaled again: it gets what a
+   way (rules/duplicates.py); a journal that cannot be written fails closed (503), or open when configured. A duplicate of an original still in flight, on a host whose `in_flight.policy`
+   is `wait`, first waits for the original's verdict (request/waiters.py), then is journaled again: it gets what a
    repeat after that verdict gets.
-2. Send it upstream once (sender.py) and classify how that ended (verdicts.py).
+2. Send it upstream once (request/sender.py) and classify how that ended (rules/verdicts.py).
 3. Record the verdict (through the writer: compare-and-set from `submitted`), then answer: the upstream's answer, or a problem+json
    of ours, with the receipt's headers.
 """
@@ -16,13 +16,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 
-from proxy_addon import answers, duplicates, metrics
-from proxy_addon.account import AccountHasher
-from proxy_addon.answers import Answer
+from proxy_addon import metrics
 from proxy_addon.config import HostPolicy, ReceiptsConfig
 from proxy_addon.exceptions import (
     DuplicateIntentError,
@@ -32,17 +30,21 @@ from proxy_addon.exceptions import (
     StaleStateError,
     WriterLostError,
 )
-from proxy_addon.facts import RequestFacts
-from proxy_addon.intent import build_intent
 from proxy_addon.journal.client import JournalClient
 from proxy_addon.log import get_logger
-from proxy_addon.operations import OperationRule
-from proxy_addon.records import Intent, Verdict, new_operation_id
-from proxy_addon.sender import SendResult, Timeouts, UpstreamSender
-from proxy_addon.states import State
+from proxy_addon.request import answers
+from proxy_addon.request.answers import Answer
+from proxy_addon.request.facts import RequestFacts
+from proxy_addon.request.sender import SendResult, Timeouts, UpstreamSender
+from proxy_addon.request.waiters import VerdictWaiters
+from proxy_addon.rules import duplicates
+from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.intent import build_intent
+from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.records import Intent, Verdict, new_operation_id
+from proxy_addon.rules.states import State
+from proxy_addon.rules.verdicts import not_sent, send_verdict, storable_response
 from proxy_addon.store import ReceiptStore
-from proxy_addon.verdicts import classify_outcome, not_sent, storable_response
-from proxy_addon.waiters import VerdictWaiters
 
 log = get_logger("receipts.proxy")
 # Bodies up to this size are fingerprinted on the event loop: a hand-off to a journal thread costs more than
@@ -55,7 +57,7 @@ INLINE_INTENT_BODY = 16 * 1024
 CLOSE_UNSENT_AT_LEAST = 0.05
 
 @dataclass(frozen=True)
-class Outcome:
+class Handled:
     """What became of one request: the answer (None: forward it without a receipt, fail open) and what the
     addon notes on the flow."""
 
@@ -63,24 +65,7 @@ class Outcome:
     note: dict[str, Any] = field(default_factory=dict)
 
 
-class JournalState(Protocol):
-    """What the journal addon has set up (None until configured), as the addons beside it see it."""
-
-    @property
-    def config(self) -> ReceiptsConfig | None: ...
-    @property
-    def store(self) -> ReceiptStore | None: ...
-    @property
-    def handler(self) -> "JournalHandler | None": ...
-    @property
-    def executor(self) -> Executor | None: ...
-    @property
-    def journal(self) -> JournalClient | None: ...
-    @property
-    def instance_id(self) -> str: ...
-
-
-class JournalHandler:
+class WriteHandler:
     def __init__(
         self,
         config: ReceiptsConfig,
@@ -97,7 +82,7 @@ class JournalHandler:
         self.in_flight: set[str] = set()
         self.waiters = VerdictWaiters(lambda ids: self._on_journal_thread(self.store.receipts.states, ids))
 
-    async def handle(self, facts: RequestFacts) -> Outcome:
+    async def handle(self, facts: RequestFacts) -> Handled:
         policy = self.config.policy_for(facts.host, facts.port)
         operation_id = new_operation_id()
         self.in_flight.add(operation_id)
@@ -109,7 +94,7 @@ class JournalHandler:
         # the answers the proxy makes, in the request's own protocol (protocols/: MCP, GraphQL, JSON-RPC)
         return outcome if outcome.answer is None else replace(outcome, answer=facts.call.answer(outcome.answer))
 
-    async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Outcome:
+    async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Handled:
         agent_key = _header(facts, policy.idempotency_key_header)
         started = time.perf_counter()
         intent, rule = await self._intent(facts, policy, agent_key, operation_id)
@@ -150,10 +135,10 @@ class JournalHandler:
             log.debug("receipt_submitted", operation=intent.operation, method=facts.method, host=facts.host)
             timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline)
             result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
-            verdict = facts.call.verdict(classify_outcome(result, policy, rule), result)  # what its protocol says
+            verdict = facts.call.verdict(send_verdict(result, policy, rule), result)  # what its protocol says
             state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy)
             reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
-            return Outcome(reply, {"operation_id": operation_id, "state": state})
+            return Handled(reply, {"operation_id": operation_id, "state": state})
 
     async def _on_journal_thread[T](self, work: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
@@ -179,7 +164,7 @@ class JournalHandler:
         except TimeoutError:
             log.warning("unsent_receipt_still_closing", operation_id=operation_id)
 
-    async def _agent_left(self, operation_id: str) -> Outcome:
+    async def _agent_left(self, operation_id: str) -> Handled:
         """The agent disconnected while its receipt was being written: nobody waits for what the upstream would
         answer, so the request is not sent, and its receipt is closed as not sent."""
         closed = not_sent(self.instance_id, "the agent disconnected before its receipt was written, so the request was not sent")
@@ -189,7 +174,7 @@ class JournalHandler:
             log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
         log.info("request_not_sent_agent_left", operation_id=operation_id)
         answer = answers.with_receipt(answers.not_sent(operation_id, "The agent disconnected"), operation_id, State.REJECTED.value)
-        return Outcome(answer, {"operation_id": operation_id, "state": State.REJECTED.value, "refused": "agent_left"})
+        return Handled(answer, {"operation_id": operation_id, "state": State.REJECTED.value, "refused": "agent_left"})
 
     def _abandon_unsent(self, operation_id: str) -> None:
         """The writer died before it answered: the receipt may have been committed, and the request will not be
@@ -205,15 +190,15 @@ class JournalHandler:
         except ReceiptsError as e:
             log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
 
-    def _refuse(self, e: DuplicateIntentError, policy: HostPolicy, agent_key: str | None, waited: bool) -> Outcome:
-        decision = duplicates.decide(e.blocker, policy.after_success)
+    def _refuse(self, e: DuplicateIntentError, policy: HostPolicy, agent_key: str | None, waited: bool) -> Handled:
+        decision = duplicates.decide_retry(e.blocker, policy.after_success)
         assert decision.reason is not None
         reason = decision.reason.value
         log.info("request_refused", reason=reason, operation_id=e.operation_id, state=e.state, waited=waited)
         metrics.duplicate_refused(reason)
         self._note_refusal(reason, e)
         answer = duplicates.refusal_answer(decision, agent_key, waited)
-        return Outcome(answer, {"operation_id": e.operation_id, "refused": reason})
+        return Handled(answer, {"operation_id": e.operation_id, "refused": reason})
 
     def _note_refusal(self, reason: str, e: DuplicateIntentError) -> None:
         """Record the refusal on a journal thread, not awaited: it never delays nor fails the answer."""
@@ -229,7 +214,7 @@ class JournalHandler:
         except RuntimeError as exc:  # the pool is shutting down
             log.error("refusal_not_recorded", reason=reason, operation_id=e.operation_id, error=str(exc))
 
-    def _journal_down(self, e: JournalUnavailableError, facts: RequestFacts) -> Outcome:
+    def _journal_down(self, e: JournalUnavailableError, facts: RequestFacts) -> Handled:
         if self.config.proxy.fail_open:
             log.error(
                 "journal_unavailable_forwarding_without_receipt",
@@ -238,9 +223,9 @@ class JournalHandler:
                 host=facts.host,
                 fail_open=True,
             )
-            return Outcome(None, {"fail_open": True})
+            return Handled(None, {"fail_open": True})
         log.error("journal_unavailable_request_refused", error=str(e), method=facts.method, host=facts.host)
-        return Outcome(answers.journal_unavailable(str(e)), {"refused": "journal_unavailable"})
+        return Handled(answers.journal_unavailable(str(e)), {"refused": "journal_unavailable"})
 
     # -- 3. the verdict -----------------------------------------------------------------------------------------
 

@@ -6,12 +6,11 @@ from typing import Any
 from mitmproxy.net import encoding as mitm_encoding
 
 from proxy_addon.config import HostPolicy
-from proxy_addon.fingerprint import redact_document, redact_header_list
-from proxy_addon.operations import OperationRule
-from proxy_addon.records import Verdict
-from proxy_addon.redaction import error_text
-from proxy_addon.sender import SendEnd, SendResult
-from proxy_addon.states import State
+from proxy_addon.request.sender import SendEnd, SendResult
+from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.records import Verdict
+from proxy_addon.rules.redaction import error_text, redact_document, redact_header_list
+from proxy_addon.rules.states import State
 from proxy_addon.units import compile_jsonpath
 
 SEE_OTHER = 303
@@ -23,7 +22,7 @@ def is_success(status: int) -> bool:
     return 200 <= status < 300 or status == SEE_OTHER
 
 
-def classify_outcome(result: SendResult, policy: HostPolicy, rule: OperationRule | None) -> Verdict:
+def send_verdict(result: SendResult, policy: HostPolicy, rule: OperationRule | None) -> Verdict:
     """2xx and 303 succeeded; the host's unknown statuses, timeouts and resets outcome_unknown; never-sent and
     every other status rejected. An answer that came before the upstream had read the whole request (an early
     413 or 401, then a reset) is an answer like any other: the sender read it."""

@@ -4,7 +4,7 @@ held about once.
 mitmproxy reads a request's whole body before the `request` hook, into a buffer of its HTTP stream; an answer
 set in `requestheaders` is only sent once the body has been read, and its `body_size_limit` option applies to
 every request, pass-through included (which must stay untouched), and answers with its own HTML page. So for a
-journaled request the `requestheaders` hook (Admission, admission.py) swaps that buffer for a `BoundedBody`:
+journaled request the `requestheaders` hook (Admission, addons/admission.py) swaps that buffer for a `BoundedBody`:
 - a declared length (Content-Length) over the limit is answered 413 at once, and the body that follows is
   drained into a buffer that keeps nothing;
 - a body of unknown length (chunked, HTTP/2 without Content-Length) keeps at most the limit; past it, it drops

@@ -1,12 +1,12 @@
 """The request as journaled, the upstream's stored answer and the reconciler's reads, as people and tools see them.
 
 `RequestView`, `ResponseView` and `BodyView` are the one definition of their public shape: the `request` and
-`response` of `receipts show --json` and `GET /receipts/{id}`, and their OpenAPI schemas (openapi.py). The
+`response` of `receipts show --json` and `GET /receipts/{id}`, and their OpenAPI schemas (admin/openapi.py). The
 terminal and the review page show a body through `body_summary` and `fold`: JSON pretty-printed, form fields one
 per line, text as it is, "N bytes of binary" otherwise; a long body folded after its first lines.
 
 Nothing here redacts: what is shown is what was stored, and the proxy stored it with its secrets already
-replaced by `[REDACTED]` (fingerprint.py), so nothing readable can come out that was not kept.
+replaced by `[REDACTED]` (rules/fingerprint.py), so nothing readable can come out that was not kept.
 """
 
 import json
@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy_addon.records import ReceiptRecord, TransitionRecord
+from proxy_addon.rules.records import ReceiptRecord, TransitionRecord
 
 FOLD_LINES = 30  # a body longer than this many lines (or FOLD_CHARS characters) shows its start, the rest folded
 FOLD_CHARS = 2000
@@ -105,7 +105,7 @@ def body_view(stored: bytes | None, size: int | None, truncated: bool, note: str
     if text is None:
         return BodyView(kind="binary", text=None, document=None, form=None, **common)
     mime = (content_type or "").split(";", 1)[0].strip().lower()
-    if mime == "application/json" or mime.endswith("+json") or text.lstrip()[:1] in ("{", "["):  # as fingerprint.py sniffs
+    if mime == "application/json" or mime.endswith("+json") or text.lstrip()[:1] in ("{", "["):  # as rules/fingerprint.py sniffs
         try:
             return BodyView(kind="json", text=text, document=json.loads(text), form=None, **common)
         except ValueError:

@@ -2,18 +2,18 @@
 
 - `resolve`: a person's verdict on a manual_review or outcome_unknown receipt, kept in its history;
 - `proof`: what the system can prove happened, and what a retry of the same request would get now
-  (the proxy's own duplicate decision, duplicates.py).
+  (the proxy's own duplicate decision, rules/duplicates.py).
 """
 
 from typing import Any
 
-from proxy_addon import duplicates
 from proxy_addon.config import ReceiptsConfig
-from proxy_addon.documents import transition_document
 from proxy_addon.exceptions import InvalidResolutionError, NotResolvableError
-from proxy_addon.records import ReceiptRecord, TransitionRecord
-from proxy_addon.states import RESOLUTION_STATES, RESOLVABLE_STATES, TERMINAL_STATES, State
+from proxy_addon.rules import duplicates
+from proxy_addon.rules.records import ReceiptRecord, TransitionRecord
+from proxy_addon.rules.states import RESOLUTION_STATES, RESOLVABLE_STATES, TERMINAL_STATES, State
 from proxy_addon.store import ReceiptStore
+from proxy_addon.views.documents import transition_document
 
 # the transitions that say something about the outcome (not creation, sending or a worker's lease)
 VERDICT_STATES = frozenset(
@@ -64,7 +64,7 @@ def resolve(
 def retry_decision(store: ReceiptStore, config: ReceiptsConfig, receipt: ReceiptRecord) -> duplicates.RetryDecision:
     """What the proxy would do, now, with the same request again (same account, same fingerprint, no key)."""
     after_success = config.policy_for(receipt.host, receipt.port).after_success
-    return duplicates.decide(store.receipts.blocker_of(receipt, after_success), after_success)
+    return duplicates.decide_retry(store.receipts.blocker_of(receipt, after_success), after_success)
 
 
 def what_happened(r: ReceiptRecord, history: list[TransitionRecord]) -> str:

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from proxy_addon.documents import dumps
-from proxy_addon.journaled import BodyView, body_lines, body_summary, fold
+from proxy_addon.views.documents import dumps
+from proxy_addon.views.journaled import BodyView, body_lines, body_summary, fold
 
 
 def print_json(document: Any) -> None:

@@ -11,11 +11,11 @@
 - **Rotating** secrets change by design within one agent's work: `Cookie`, `Set-Cookie`, `Proxy-Authorization`,
   and headers or fields whose name contains `session`, `csrf`, `xsrf` or `nonce`. They are secret (redacted),
   but count for neither the intent's identity nor the account, so that a resubmission is still recognised.
-  Every other secret counts for the identity (its value, through a keyed HMAC: fingerprint.py) and, for a
-  header, for the account (account.py).
+  Every other secret counts for the identity (its value, through a keyed HMAC: rules/fingerprint.py) and, for a
+  header, for the account (rules/account.py).
 
 Everything that stores, shows or logs a request, an answer or an error asks this module: request headers,
-query and bodies (fingerprint.py), stored answers (verdicts.py through fingerprint.py), the sender's and the
+query and bodies (rules/fingerprint.py), stored answers (rules/verdicts.py through rules/fingerprint.py), the sender's and the
 reconciler's error texts (`error_text`), and the log (`scrub_text`, log.py). `SecretHeaders` and
 `SecretFields` are the configured names as HostPolicy holds them; `name in policy.redact_headers` applies the
 whole rule, so code that only tests membership gets it too.
@@ -136,6 +136,11 @@ def redact_headers(headers: Iterable[tuple[str, str]], extra: frozenset[str] = f
         shown = REDACTED if is_secret_header(key, extra) else value
         out[key] = f"{out[key]}, {shown}" if key in out else shown
     return out
+
+
+def redact_header_list(headers: Iterable[tuple[str, str]], extra: frozenset[str] = frozenset()) -> list[list[str]]:
+    """Headers safe to store, in order and as named: a secret one keeps its name with the value replaced."""
+    return [[name, REDACTED if is_secret_header(name, extra) else value] for name, value in headers]
 
 
 def redact_pairs(pairs: Iterable[tuple[str, str]], extra: frozenset[str] = frozenset()) -> list[tuple[str, str]]:

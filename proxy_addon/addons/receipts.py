@@ -1,13 +1,13 @@
 """The receipts mitmproxy addons: a durable receipt before every write goes upstream.
 
 Load them with `receipts proxy`, or into a plain mitmproxy:
-    mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
+    mitmdump -s proxy_addon/addons/receipts.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(handler.py); `Passthrough` (streams what is not journaled: protocols/passthrough.py), `StreamLargeBodies`
-(mitmproxy's option, for pass-through bodies only), `Admission` (requests to the proxy itself, bodies over
-proxy.max_body: admission.py), `Heartbeat`, `InProxyReconciler` and `InProxyAdmin` run beside it, each its own
-concern.
+(request/handler.py). Beside it, each in its module of this package and each its own concern: `Admission`
+(requests to the proxy itself, bodies over proxy.max_body), `Passthrough` and `StreamLargeBodies` (stream what is
+not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`, `InProxyAdmin`. What
+they share of this addon's state is the `ReceiptsState` protocol (state.py).
 """
 
 import os
@@ -17,30 +17,31 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 if __package__ in (None, "") and "proxy_addon" not in sys.modules:  # loaded by path with `mitmdump -s`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.connection import ConnectionState
 
-from proxy_addon import admission, answers, bodylimit
-from proxy_addon.account import AccountHasher, load_or_create_key
-from proxy_addon.admin.server import InProxyAdmin
-from proxy_addon.answers import Answer
+from proxy_addon.addons import admission
+from proxy_addon.addons.admin import InProxyAdmin
+from proxy_addon.addons.heartbeat import Heartbeat
+from proxy_addon.addons.passthrough import Passthrough, StreamLargeBodies, mark_passing, recognised, route_of
+from proxy_addon.addons.reconciler import InProxyReconciler
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import check_schema, database_wait, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
-from proxy_addon.facts import RequestFacts, split_query
-from proxy_addon.handler import JournalHandler
 from proxy_addon.journal.client import JournalClient, WriterLink, WriterProcess
 from proxy_addon.journal.messages import Setup
 from proxy_addon.log import configure_logging, get_logger, scrub_standard_logging
-from proxy_addon.protocols.passthrough import Passthrough, mark_passing, recognised, route_of
 from proxy_addon.protocols.rest import REST
-from proxy_addon.reconcile.worker import InProxyReconciler
-from proxy_addon.recovery import Heartbeat, new_instance_id
-from proxy_addon.sender import TLSSettings, UpstreamSender
+from proxy_addon.recovery import new_instance_id
+from proxy_addon.request import answers, bodylimit
+from proxy_addon.request.answers import Answer
+from proxy_addon.request.facts import RequestFacts, split_query
+from proxy_addon.request.handler import WriteHandler
+from proxy_addon.request.sender import TLSSettings, UpstreamSender
+from proxy_addon.rules.account import AccountHasher, load_or_create_key
 from proxy_addon.store import ReceiptStore
-from proxy_addon.streaming import StreamLargeBodies
 
 log = get_logger("receipts.proxy")
 
@@ -54,7 +55,7 @@ class Receipts:
     def __init__(self) -> None:
         self.config: ReceiptsConfig | None = None
         self.store: ReceiptStore | None = None
-        self.handler: JournalHandler | None = None
+        self.handler: WriteHandler | None = None
         self.executor: ThreadPoolExecutor | None = None
         self.journal: JournalClient | None = None
         self.writer: Callable[[], WriterLink] = WriterProcess  # the journal writer: a process of its own
@@ -119,8 +120,8 @@ class Receipts:
         setup = Setup(url, log_level=config.logging.level, log_format=config.logging.format, journal_timeout=config.proxy.journal_timeout)
         self.journal = JournalClient(setup, self.writer)
         if self.executor is None:
-            self.executor = ThreadPoolExecutor(config.proxy.journal_threads, thread_name_prefix="receipts-journal")
-        self.handler = JournalHandler(
+            self.executor = ThreadPoolExecutor(config.proxy.database_threads, thread_name_prefix="receipts-database")
+        self.handler = WriteHandler(
             config, self.store, self.journal, AccountHasher(key), _sender(), self.executor, self.instance_id
         )
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from proxy_addon.documents import ReceiptView
-from proxy_addon.journaled import RequestView, ResponseView
-from proxy_addon.states import RESOLUTION_STATES, State
+from proxy_addon.rules.states import RESOLUTION_STATES, State
+from proxy_addon.views.documents import ReceiptView
+from proxy_addon.views.journaled import RequestView, ResponseView
 
 _STATES = [s.value for s in State]
 _TIME = {"type": "string", "format": "date-time"}

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from proxy_addon.log import get_logger
-from proxy_addon.states import IN_FLIGHT_STATES
+from proxy_addon.rules.states import IN_FLIGHT_STATES
 
 log = get_logger("receipts.proxy")
 

@@ -1,8 +1,8 @@
 """The account an intent belongs to: a keyed hash of the request's credentials, never the credentials.
 
 Two agents with different API keys may send the same body; they are different intents. Every secret header
-but the rotating ones counts (redaction.py says which). The same key gives a secret field's value its part in
-the intent's identity (`digest`, used by fingerprint.py). The HMAC key comes from `RECEIPTS_SECRET` (give
+but the rotating ones counts (rules/redaction.py says which). The same key gives a secret field's value its part in
+the intent's identity (`digest`, used by rules/fingerprint.py). The HMAC key comes from `RECEIPTS_SECRET` (give
 every replica the same one) or from a local file created with mode 0600.
 """
 
@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.redaction import counts_for_account
-from proxy_addon.signing import NO_SIGNING, Signing, account_part
+from proxy_addon.rules.redaction import counts_for_account
+from proxy_addon.rules.signing import NO_SIGNING, Signing, account_part
 
 SECRET_ENV = "RECEIPTS_SECRET"
 ANONYMOUS = "anonymous"
@@ -67,7 +67,7 @@ class AccountHasher:
     ) -> str:
         """`acct:<hex>` over the credentials present (sorted), or `anonymous` when there are none.
         `secret_headers`: the configured `redact_headers`, added to the built-in ones. A header signed per
-        attempt counts by its signer alone (signing.py), as do `signers` (a presigned URL's)."""
+        attempt counts by its signer alone (rules/signing.py), as do `signers` (a presigned URL's)."""
         parts = (account_part(n, v, signing) for n, v in headers if counts_for_account(n, secret_headers))
         creds = sorted([p for p in parts if p is not None] + (signers or []))
         if not creds:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy_addon.sender import UpstreamAnswer
+from proxy_addon.request.sender import UpstreamResponse
 
 PROBLEM_BASE = "urn:agent-receipts:problem:"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -50,7 +50,7 @@ def exact(status: int, headers: list[tuple[bytes, bytes]], body: bytes, reason: 
     return Answer(status, (*kept, (b"content-length", str(len(body)).encode())), body, reason)
 
 
-def from_upstream(a: UpstreamAnswer) -> Answer:
+def from_upstream(a: UpstreamResponse) -> Answer:
     """The upstream's answer as it came (hop-by-hop headers already dropped by the sender)."""
     return exact(a.status_code, a.headers, a.content, a.reason)
 
@@ -142,7 +142,7 @@ def journal_unavailable(reason: str) -> Answer:
     )
 
 
-# -- requests the proxy refuses before journaling them (admission.py) -----------------------------------------
+# -- requests the proxy refuses before journaling them (addons/admission.py) -----------------------------------------
 
 
 def bad_request(reason: str) -> Answer:

@@ -82,7 +82,7 @@ class SendEnd(StrEnum):
 
 
 @dataclass(frozen=True)
-class UpstreamAnswer:
+class UpstreamResponse:
     status_code: int
     reason: str
     headers: list[tuple[bytes, bytes]]  # as received, less the hop-by-hop ones
@@ -92,7 +92,7 @@ class UpstreamAnswer:
 @dataclass(frozen=True)
 class SendResult:
     end: SendEnd
-    answer: UpstreamAnswer | None = None
+    answer: UpstreamResponse | None = None
     error: str | None = None
     elapsed: float = 0.0
 
@@ -195,7 +195,7 @@ class _Stream(asyncio.Protocol):
             self.transport.abort()
 
 
-async def _exchange(stream: _Stream, h: h11.Connection, request: list[bytes], idle: float) -> UpstreamAnswer:
+async def _exchange(stream: _Stream, h: h11.Connection, request: list[bytes], idle: float) -> UpstreamResponse:
     """Write the whole request, read the whole answer. The write proceeds in the background (the transport
     flushes it as the upstream takes it) while the answer is read, so an answer that comes early is read."""
     assert stream.transport is not None
@@ -226,7 +226,7 @@ async def _exchange(stream: _Stream, h: h11.Connection, request: list[bytes], id
             raise h11.RemoteProtocolError("the upstream closed the connection before answering")
         # InformationalResponse (1xx): keep reading
     assert response is not None
-    return UpstreamAnswer(
+    return UpstreamResponse(
         status_code=response.status_code,
         reason=response.reason.decode("latin-1"),
         headers=[(k, v) for k, v in response.headers.raw_items() if k.lower() not in _HOP_BY_HOP_BYTES],

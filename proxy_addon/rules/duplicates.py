@@ -6,13 +6,13 @@ forwarded. The proxy answers by it, and the proof endpoint and the review page s
 
 Which successes still block (the blocker query applies it): one within the host's `after_success.window`,
 unless a later journaled write by the same account to the same target (scheme, host, port, path) with a
-method in INVALIDATING_METHODS (states.py) may have changed what is there since (RFC 9111 4.4: unsafe methods invalidate
-what a cache holds for their target). PUT A, PUT B, PUT A forwards the third: replaying A's first answer
+method in INVALIDATING_METHODS (states.py) may have changed what is there since (RFC 9111 4.4: unsafe methods
+invalidate what a cache holds for their target). PUT A, PUT B, PUT A forwards the third: replaying A's first answer
 would be a stale lie. A POST invalidates nothing: a later create does not undo an earlier one, and POST A,
 POST B, POST A is most likely a retry of the first. A later write known not to have happened (rejected,
 or proved absent: safe_to_retry) changes nothing either.
 
-A repeat that waited for an in-flight original (`in_flight.policy: wait`, handler.py) is decided here too,
+A repeat that waited for an in-flight original (`in_flight.policy: wait`, request/handler.py) is decided here too,
 once the original has its verdict, as any repeat after that verdict is; only when the original ended with
 its outcome unknown does the waiter get the original's 504 rather than a 409, as it is in effect that call.
 """
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from proxy_addon import answers
-from proxy_addon.answers import Answer
 from proxy_addon.config import AfterSuccess
-from proxy_addon.fingerprint import REDACTED
-from proxy_addon.records import Blocker, BlockKind, ReceiptRecord
-from proxy_addon.states import IN_FLIGHT_STATES, RefusalReason
-from proxy_addon.verdicts import is_success
+from proxy_addon.request import answers
+from proxy_addon.request.answers import Answer
+from proxy_addon.rules.records import Blocker, BlockKind, ReceiptRecord
+from proxy_addon.rules.redaction import REDACTED
+from proxy_addon.rules.states import IN_FLIGHT_STATES, RefusalReason
+from proxy_addon.rules.verdicts import is_success
 
 
 def successes_block_for(after_success: AfterSuccess) -> float | None:
@@ -79,7 +79,7 @@ _PROBLEMS = {
 }
 
 
-def decide(blocker: Blocker | None, after_success: AfterSuccess) -> RetryDecision:
+def decide_retry(blocker: Blocker | None, after_success: AfterSuccess) -> RetryDecision:
     if blocker is None:
         explanation = (
             "no open receipt and no recent success for this request (or a later PUT, PATCH or DELETE to its target "

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from proxy_addon.states import State
+from proxy_addon.rules.states import State
 
 
 def utcnow() -> datetime:
@@ -150,7 +150,7 @@ class BlockKind(StrEnum):
 
 @dataclass(frozen=True)
 class Blocker:
-    """The earlier receipt that decides what a new request for the same intent gets (duplicates.py)."""
+    """The earlier receipt that decides what a new request for the same intent gets (rules/duplicates.py)."""
 
     kind: BlockKind
     receipt: ReceiptRecord
@@ -159,7 +159,7 @@ class Blocker:
 @dataclass(frozen=True)
 class Verdict:
     """A receipt's next state, the columns that change with it, and what its history row says: what the proxy
-    concludes from an upstream's answer (verdicts.py) and the reconciler from a read (reconcile/decide.py)."""
+    concludes from an upstream's answer (rules/verdicts.py) and the reconciler from a read (reconcile/decide.py)."""
 
     state: State
     updates: dict[str, Any] = field(default_factory=dict)

@@ -6,7 +6,7 @@
   receipts through the proxy. A destination is refused when its port is one of those and its host is, or
   resolves to, an address of this machine (loopback, unspecified, or one it can bind) or the listen host.
 - **Body too large** (413 `body-too-large`): a journaled request whose body is over `proxy.max_body`;
-  bodylimit.py keeps mitmproxy from holding it in memory.
+  request/bodylimit.py keeps mitmproxy from holding it in memory.
 - **Bad in itself** (400 `bad-request`): a journaled request the upstream protocol would not carry (a header
   name or value HTTP/1.1 forbids, a target that is not ASCII, ...): named, never with the value, since it
   may be a secret. Nothing is journaled for it: it could not be sent.
@@ -25,11 +25,11 @@ from urllib.parse import urlsplit
 import h11
 from mitmproxy import ctx, http
 
-from proxy_addon import answers, bodylimit
-from proxy_addon.answers import Answer
-from proxy_addon.facts import RequestFacts
 from proxy_addon.log import get_logger
-from proxy_addon.sender import HOP_BY_HOP
+from proxy_addon.request import answers, bodylimit
+from proxy_addon.request.answers import Answer
+from proxy_addon.request.facts import RequestFacts
+from proxy_addon.request.sender import HOP_BY_HOP
 
 log = get_logger("receipts.proxy")
 

@@ -1,20 +1,21 @@
 """From a request to an intent: what the proxy read off the request, and the Intent it journals for it.
 
-Pure: no network, no database. The fingerprint is fingerprint.py's, what is secret redaction.py's, the account
-account.py's; this module puts them together for one request.
+Pure: no network, no database. The fingerprint is rules/fingerprint.py's, what is secret rules/redaction.py's, the account
+rules/account.py's; this module puts them together for one request.
 """
 
 import re
 from urllib.parse import urlencode
 
-from proxy_addon.account import AccountHasher
 from proxy_addon.config import HostPolicy
-from proxy_addon.facts import RequestFacts
-from proxy_addon.fingerprint import analyse_body, identity_pairs, intent_fingerprint, redact_headers, redact_query
-from proxy_addon.operations import OperationRule
 from proxy_addon.protocols.routing import match_rule
-from proxy_addon.records import Intent
-from proxy_addon.signing import split_pairs, unsigned_body
+from proxy_addon.request.facts import RequestFacts
+from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.fingerprint import analyse_body, identity_pairs, intent_fingerprint
+from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.records import Intent
+from proxy_addon.rules.redaction import redact_headers, redact_pairs
+from proxy_addon.rules.signing import split_pairs, unsigned_body
 
 _ID_SEGMENT = re.compile(r"^(\d+|[0-9a-fA-F-]{16,}|[A-Za-z0-9_-]{24,})$")
 
@@ -48,7 +49,7 @@ def build_intent(
         policy.signing,
     )
     body = facts.call.identity(body, rule)  # GraphQL, MCP: the protocol's identity of the write
-    query = redact_query(facts.query, policy.redact_fields)
+    query = redact_pairs(facts.query, policy.redact_fields)
     signed_query = split_pairs(facts.query, policy.signing)  # a presigned URL's signature counts for nothing
     identity_query = identity_pairs(signed_query.kept, policy.redact_fields, hasher.digest)
     fingerprint = intent_fingerprint(facts.method, facts.host, facts.port, facts.path, identity_query, body)

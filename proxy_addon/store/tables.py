@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from proxy_addon.states import OPEN_STATES, RefusalReason, State
+from proxy_addon.rules.states import OPEN_STATES, RefusalReason, State
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",

@@ -1,8 +1,8 @@
 """What people and tools see of a receipt: its public shape, defined once, and the JSON documents made from it.
 
 `ReceiptView` is the one definition: its fields are the keys of `receipts ls --json` and of the admin API's
-receipts, the OpenAPI schema `Receipt` is generated from it (openapi.py), and the CLI's tables take their
-columns from it. `receipts show` adds the request as journaled and the stored answer (journaled.py's views).
+receipts, the OpenAPI schema `Receipt` is generated from it (admin/openapi.py), and the CLI's tables take their
+columns from it. `receipts show` adds the request as journaled and the stored answer (views/journaled.py's views).
 """
 
 import json
@@ -11,9 +11,9 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy_addon.journaled import request_view, response_view
-from proxy_addon.records import ReceiptRecord, TransitionRecord
-from proxy_addon.states import OPEN_STATES, State
+from proxy_addon.rules.records import ReceiptRecord, TransitionRecord
+from proxy_addon.rules.states import OPEN_STATES, State
+from proxy_addon.views.journaled import request_view, response_view
 
 _TIME = "UTC, RFC 3339; see docs/architecture.md, Which time is which"
 

@@ -2,7 +2,7 @@
 
 An SDK signs every attempt of a call anew: AWS SigV4 computes a new signature over a new `X-Amz-Date`, OAuth 1.0a
 draws a new nonce and timestamp, RFC 9421 stamps `created`. If those parts counted the way every other secret
-header counts for the account (redaction.py), each attempt of one call would be a new account, so a new intent,
+header counts for the account (rules/redaction.py), each attempt of one call would be a new account, so a new intent,
 and the SDK's own retry of a timed-out write would be forwarded. So for a recognised scheme only the signer
 counts: its key id (hashed with the account key, like any credential) for the account, and the per-attempt parts
 for neither the account nor the intent's identity. Two signers stay two accounts.

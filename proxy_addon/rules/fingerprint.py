@@ -6,7 +6,7 @@ A body that parses as JSON is treated as JSON whatever its declared type (but mu
 Anything else, or a body that does not parse as its declared type, is identified by its bytes, with a note;
 such an unparsed structured body is stored as the redaction marker alone, as its secret fields cannot be found.
 
-What is a secret is redaction.py's to say. A secret field is replaced by the marker in what is stored, and by
+What is a secret is rules/redaction.py's to say. A secret field is replaced by the marker in what is stored, and by
 a keyed HMAC of its value (the account key, `keyed`) in what is hashed: the same body with another password
 is another intent, and nothing readable or guessable offline is kept. A rotating secret (a nonce, a CSRF or
 session token) counts for nothing. Multipart parts are identified by their keyed HMAC too.
@@ -31,10 +31,10 @@ from urllib.parse import parse_qsl, urlencode
 
 from mitmproxy.net.http.multipart import decode_multipart
 
-from proxy_addon import redaction
-from proxy_addon.operations import FingerprintRule
-from proxy_addon.redaction import REDACTED
-from proxy_addon.signing import NO_SIGNING, Signing, split_pairs
+from proxy_addon.rules import redaction
+from proxy_addon.rules.operations import FingerprintRule
+from proxy_addon.rules.redaction import REDACTED
+from proxy_addon.rules.signing import NO_SIGNING, Signing, split_pairs
 
 FINGERPRINT_VERSION = 1
 MAX_CANONICAL_BODY = 1024 * 1024  # JSON and form bodies longer than this are identified by their bytes
@@ -67,7 +67,7 @@ class BodyIdentity:
     form: dict[str, Any] | None = None  # a form's fields, redacted
     note: str | None = None
     keyed: "Keyed | None" = field(default=None, compare=False, repr=False)  # for a protocol's own secrets (GraphQL)
-    signers: tuple[tuple[str, str], ...] = ()  # a signed form's signer, for the account (signing.py)
+    signers: tuple[tuple[str, str], ...] = ()  # a signed form's signer, for the account (rules/signing.py)
 
     @cached_property
     def document(self) -> Any:
@@ -261,11 +261,6 @@ def _multipart_identity(content_type: str, body: bytes, redact_fields: frozenset
     )
 
 
-def redact_document(value: Any, redact_fields: frozenset[str]) -> Any:
-    """Replace the value of every secret field (redaction.py says which), at any depth."""
-    return redaction.redact_document(value, redact_fields)
-
-
 def canonical_json(value: Any) -> str:
     """Sorted keys, no whitespace, numbers normalised (`1`, `1.0` and `1e0` are one number)."""
     if isinstance(value, str):
@@ -331,18 +326,3 @@ def intent_fingerprint(method: str, host: str, port: int, path: str, query: list
         "body": {"kind": body.kind, "identity": body.identity},
     }
     return "sha256:" + hashlib.sha256(canonical_json(payload).encode()).hexdigest()
-
-
-def redact_query(query: list[tuple[str, str]], redact_fields: frozenset[str]) -> list[tuple[str, str]]:
-    return redaction.redact_pairs(query, redact_fields)
-
-
-def redact_header_list(headers: list[tuple[str, str]], secret_headers: frozenset[str]) -> list[list[str]]:
-    """Headers safe to store, in order and as named: a secret one (redaction.py says which) keeps its name with
-    the value replaced."""
-    return [[name, REDACTED if redaction.is_secret_header(name, secret_headers) else value] for name, value in headers]
-
-
-def redact_headers(headers: list[tuple[str, str]], secret_headers: frozenset[str]) -> dict[str, str]:
-    """A header dict safe to store: secret headers (redaction.py says which) keep their name, not their value."""
-    return redaction.redact_headers(headers, secret_headers)

@@ -1,0 +1,1 @@
+"""The mitmproxy addons: small hooks that decide and delegate, and the state they share."""
