@@ -30,9 +30,9 @@ from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError
 from proxy_addon.journal.connection import DriverConnection
 from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Ready, Record, Reply, Setup, frame, split_frames
 from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
-from proxy_addon.log import configure_logging, get_logger
+from proxy_addon.log import DeferredLogger
 
-log = get_logger("receipts.journal_writer")
+log = DeferredLogger("receipts.journal_writer")  # structlog loaded at the first line, if any: see log.py
 RECEIVE_SIZE = 1 << 18
 TOO_LATE = "the write waited longer than proxy.journal_timeout, so it was not written"
 EXPIRED = f"cannot write the journal: {TOO_LATE}"
@@ -172,7 +172,7 @@ def serve_socket(sock: socket.socket, configure_log: bool) -> None:
     buffer = bytearray()
     setup, requests = _setup_frame(sock, buffer)
     if configure_log:
-        configure_logging(setup.log_level, setup.log_format)
+        log.configure(setup.log_level, setup.log_format)
     writer = JournalWriter(setup.database_url, setup.max_batch, database_wait(setup.journal_timeout))
     sock.sendall(frame(0, Ready()))
     try:
