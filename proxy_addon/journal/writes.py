@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from proxy_addon.exceptions import IllegalTransitionError, JournalUnavailableError, ReceiptNotFoundError, StaleStateError
@@ -65,18 +65,22 @@ UPDATABLE = frozenset(
 class NewReceipt:
     """An intent to record: as `submitted` by `submitted_by` (the proxy, one commit before it sends), or as
     `planned` when None (tests and tools). `successes_block_for`: how long (seconds) a success of the same
-    intent stands in its way (duplicates.successes_block_for), None when none does."""
+    intent stands in its way (duplicates.successes_block_for), None when none does. `at`: the time it is
+    recorded at (created_at, and its history rows'); None: when its statements are built (the writer's way),
+    while the store's general path gives the time it read before its transaction began."""
 
     intent: Intent
     successes_block_for: float | None
     submitted_by: str | None
+    at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
     """A compare-and-set `expected_from -> to` with column updates, and its history row. `owned_by` adds the
     lease holder to the compare: a worker whose lease expired and was taken over cannot write a verdict over
-    its successor's. Only an allowed transition setting UPDATABLE columns can be made one."""
+    its successor's. `at`: as NewReceipt's (updated_at, and the history row's). Only an allowed transition
+    setting UPDATABLE columns can be made one."""
 
     operation_id: str
     expected_from: str
@@ -84,6 +88,7 @@ class Step:
     detail: dict[str, Any] = field(default_factory=dict)
     updates: dict[str, Any] = field(default_factory=dict)
     owned_by: str | None = None
+    at: datetime | None = None
 
     def __post_init__(self) -> None:
         expected_from, to = State(self.expected_from), State(self.to)
@@ -296,7 +301,7 @@ def _decision(intent: Intent, successes_block_for: float | None) -> dict[str, An
 
 def _new_rows(new: NewReceipt) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The receipt's row and its history rows, written at one time."""
-    intent, now = new.intent, utcnow()
+    intent, now = new.intent, new.at or utcnow()
     row = {name: getattr(intent, name) for name in INTENT_FIELDS}
     row.update(state=State.PLANNED.value, created_at=now, updated_at=now, submitted_at=None)
     created = {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint}
@@ -313,7 +318,7 @@ def _new_rows(new: NewReceipt) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 def _step_params(step: Step) -> tuple[tuple[str, ...], dict[str, Any]]:
     """The columns the step sets besides its state (submitted_at and completed_at by default when it enters
     those states), and the statement's parameters."""
-    now = utcnow()
+    now = step.at or utcnow()
     updates = dict(step.updates)
     if step.to == State.SUBMITTED.value:
         updates.setdefault("submitted_at", now)

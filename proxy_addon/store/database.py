@@ -58,10 +58,12 @@ class Database:
         with self.storage_errors(), self.engine.begin() as conn:
             yield conn
 
-    def write[T](self, work: Callable[[Connection], T]) -> T:
-        """Run `work` in one committed transaction of its own (for the store's writes of single receipts)."""
-        with self.engine.connect() as conn:
+    def write[T](self, work: Callable[[Connection], T], conn: Connection | None = None) -> T:
+        """Run `work` in one committed transaction on `conn` (or on a fresh checkout)."""
+        if conn is not None:
             return in_transaction(conn, work)
+        with self.engine.connect() as fresh:
+            return in_transaction(fresh, work)
 
 
 def in_transaction[T](conn: Connection, work: Callable[[Connection], T]) -> T:

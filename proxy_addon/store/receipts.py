@@ -63,7 +63,7 @@ class Receipts:
             self._record(intent, after_success or AfterSuccess(), submitted_by=None)
 
     def _record(self, intent: Intent, after_success: AfterSuccess, submitted_by: str | None) -> None:
-        new = NewReceipt(intent, successes_block_for(after_success), submitted_by)
+        new = NewReceipt(intent, successes_block_for(after_success), submitted_by, at=utcnow())
         blocker = self.db.write(lambda conn: self._writes(conn).record(new))
         if blocker is not None:
             raise DuplicateIntentError.of(blocker, intent)
@@ -84,7 +84,7 @@ class Receipts:
         `owned_by` adds the lease holder to the compare: a worker whose lease expired and was taken over
         cannot write a verdict over its successor's.
         """
-        step = Step(operation_id, expected_from, to, detail or {}, updates, owned_by)
+        step = Step(operation_id, expected_from, to, detail or {}, updates, owned_by, at=utcnow())
         with self.db.storage_errors():
             self.db.write(lambda conn: self._writes(conn).advance(step))
         metrics.transitioned(step.to)
