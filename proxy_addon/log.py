@@ -11,8 +11,6 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any
 
-import structlog
-
 from proxy_addon.rules.redaction import scrub_text
 
 _configured = False
@@ -46,6 +44,8 @@ def scrub_standard_logging() -> None:
 
 
 def configure_logging(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
+    import structlog  # here, not at the top: see DeferredLogger
+
     global _configured
     stream = stream or sys.stderr
     if fmt == "auto":
@@ -69,4 +69,29 @@ def configure_logging(level: str = "info", fmt: str = "auto", stream: Any = None
 
 
 def get_logger(name: str) -> Any:
+    import structlog
+
     return structlog.get_logger(name)
+
+
+class DeferredLogger:
+    """A logger whose structlog is imported, and set up, at its first line. For the journal writer process: it
+    logs only when a write fails, and structlog with what it imports (rich among them) would be a good part of
+    its start-up, which every start of a proxy waits on. Python's logging is scrubbed from `configure` on."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._setup: tuple[str, str] | None = None
+        self._logger: Any = None
+
+    def configure(self, level: str, fmt: str) -> None:
+        """What `configure_logging` is given at the first line (until then nothing of structlog is loaded)."""
+        self._setup = (level, fmt)
+        scrub_standard_logging()
+
+    def __getattr__(self, method: str) -> Any:
+        if self._logger is None:
+            if self._setup is not None:
+                configure_logging(*self._setup)
+            self._logger = get_logger(self.name)
+        return getattr(self._logger, method)

@@ -114,7 +114,6 @@ class Receipts:
             engine.dispose()
             raise
         if self.store is not None:
-            self.store.close()
             self.store.engine.dispose()
         if self.journal is not None:
             self.journal.close()
@@ -123,8 +122,6 @@ class Receipts:
         self.config, self.store = config, ReceiptStore(engine)
         setup = Setup(url, log_level=config.logging.level, log_format=config.logging.format, journal_timeout=config.proxy.journal_timeout)
         self.journal = JournalClient(setup, self.writer)
-        if engine.dialect.name == "sqlite":
-            self.store.db.enable_group_commit()  # one writer at a time: see store/group_commit.py
         if self.executor is None:
             self.executor = ThreadPoolExecutor(config.proxy.database_threads, thread_name_prefix="receipts-database")
         self.handler = WriteHandler(
@@ -141,8 +138,6 @@ class Receipts:
             await self.handler.sender.aclose()
         if self.journal is not None:
             await self.journal.aclose()
-        if self.store is not None:
-            self.store.close()
 
     def journals(self, flow: http.HTTPFlow) -> bool:
         """Whether this request may be journaled, from its head (method, host, rule: protocols/routing.py); its

@@ -59,6 +59,7 @@ from proxy_addon.journal.messages import (
     unframe,
 )
 from proxy_addon.log import get_logger
+from proxy_addon.rules.duplicates import successes_block_for
 from proxy_addon.rules.records import Intent
 from proxy_addon.rules.states import State, is_allowed
 from proxy_addon.rules.verdicts import not_sent
@@ -185,7 +186,8 @@ class JournalClient:
         Raises DuplicateIntentError (nothing written), JournalUnavailableError (nothing written), or
         WriterLostError (the writer died or was killed first: it may have committed it, or not)."""
         now = time.monotonic()
-        reply = await self._call(Record(intent, after_success, who, now + self.timeout * WRITER_SHARE), now + self.timeout * CALLER_SHARE)
+        request = Record(intent, successes_block_for(after_success), who, now + self.timeout * WRITER_SHARE)
+        reply = await self._call(request, now + self.timeout * CALLER_SHARE)
         if isinstance(reply, Blocked):
             raise DuplicateIntentError.of(reply.blocker, intent)
         _raise_failure(reply, intent.operation_id)
@@ -195,7 +197,8 @@ class JournalClient:
     async def advance(
         self, operation_id: str, expected_from: State, to: State, detail: dict[str, Any], updates: dict[str, Any]
     ) -> None:
-        """`store.receipts.transition`, through the writer: compare-and-set with its history row, one commit."""
+        """`store.receipts.transition`, through the writer: compare-and-set with its history row, one commit
+        (journal/writes.py, `advance`)."""
         if not is_allowed(expected_from, to):
             raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
         now = time.monotonic()

@@ -11,7 +11,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.rules.records import Blocker, Intent
 
 _LENGTH = struct.Struct(">I")
@@ -36,10 +35,12 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """Decide, and record the intent as `submitted` (creation and `planned -> submitted` rows) in one commit."""
+    """Decide, and record the intent as `submitted` (creation and `planned -> submitted` rows) in one commit.
+    `successes_block_for`: the host's after_success policy as the decision takes it (duplicates.py), so that
+    the writer needs no configuration to read it."""
 
     intent: Intent
-    after_success: AfterSuccess
+    successes_block_for: float | None
     who: str
     deadline: float = math.inf  # time.monotonic() (one clock for the whole machine) past which nobody waits
 

@@ -1,31 +1,27 @@
-"""The hot path's SQL, written once for both databases and run over the driver itself (sqlite3, psycopg 3).
+"""The journal's write SQL, written once for both databases and run over the driver itself (sqlite3, psycopg 3).
 
-Why not SQLAlchemy here: its per-execution Python (parameter processing, execution context, result rows) was
-the largest single cost of a journaled write (issue 15: ~2.4-2.9 ms of the proxy's CPU per request). These are
-the statements store/receipts.py builds with SQLAlchemy Core for the same decision and the same writes;
-tests/unit/test_journal_statements.py runs both on both databases and compares what they leave behind.
+Plain SQL text, not SQLAlchemy constructs: SQLAlchemy's per-execution Python (parameter processing, execution
+context, result rows) was the largest single cost of a journaled write on the proxy's side. The text is
+rendered once (in the driver's parameter style), and writes.py runs it for the journal writer and for the
+store's general path alike.
 
 Values go through the models' own column types (their bind and result processors for the dialect), so a row
-written here reads back through SQLAlchemy exactly like one written by the store, and the blocker read here
-is the same ReceiptRecord the store would build.
+written here reads back through SQLAlchemy exactly like any other, and a receipt read here is the same
+ReceiptRecord the store's reads build.
 """
 
-import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import ColumnElement, Dialect, Table
-from sqlalchemy.dialects import postgresql
 
-from proxy_addon.rules.duplicates import INVALIDATING_METHODS, NOT_HAPPENED_STATES
 from proxy_addon.rules.records import INTENT_FIELDS, RECEIPT_FIELDS
-from proxy_addon.rules.states import OPEN_STATES, State
+from proxy_addon.rules.states import INVALIDATING_METHODS, NOT_HAPPENED_STATES, OPEN_STATES, State
 from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 _RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
 _TRANSITIONS: Table = ReceiptTransition.__table__  # type: ignore[assignment]
-_PG_TYPES = {c.name: c.type.compile(dialect=postgresql.dialect()) for c in _RECEIPTS.c}
 
 
 def _listed(values: Iterable[str]) -> str:
@@ -37,13 +33,14 @@ _NOT_HAPPENED = _listed(s.value for s in NOT_HAPPENED_STATES)
 _INVALIDATING = _listed(INVALIDATING_METHODS)
 _SELECTED = ", ".join(f"r.{name}" for name in RECEIPT_FIELDS)
 
-# What stands in the way of a new receipt (store/receipts.py, `_find_blocker`), as conditions on `r`:
+# What stands in the way of a new receipt (writes.py, `blocker`), as conditions on `r`:
 # an Idempotency-Key the agent used before for another request of the same account;
 _KEY_MISMATCH_WHERE = "r.account = :account AND r.idempotency_key = :key AND r.intent_fingerprint <> :fingerprint"
 # the open receipt of the same intent;
 _OPEN_WHERE = f"r.account = :account AND r.intent_fingerprint = :fingerprint AND r.state IN ({_OPEN})"
 # or, when successes block (replay, refuse), the same intent's success since `since` that no later write to its
-# target has invalidated ("later" by the creation rows' history ids: rules/duplicates.py, store/receipts.py).
+# target has invalidated (rules/duplicates.py). "Later" is by the order the receipts were journaled in: their
+# creation rows' history ids, one sequence for every replica, which the replicas' clocks cannot reorder.
 _OPEN_OR_SUCCEEDED_WHERE = f"""r.account = :account AND r.intent_fingerprint = :fingerprint
   AND (r.state IN ({_OPEN})
        OR (r.state = '{State.SUCCEEDED.value}' AND r.completed_at >= :since
@@ -63,8 +60,8 @@ OPEN_OR_SUCCEEDED = (  # an open receipt wins over a success, the latest success
     f"ORDER BY CASE WHEN r.state IN ({_OPEN}) THEN 0 ELSE 1 END, r.completed_at DESC LIMIT 1"
 )
 
-# A new receipt, already `submitted`. Of two writers that decided at once (two proxies on one PostgreSQL), the
-# second finds the first's open receipt in the partial unique index and inserts nothing: it then reads it.
+# A new receipt. Of two writers that decided at once (two proxies on one PostgreSQL), the second finds the
+# first's open receipt in the partial unique index and inserts nothing: it then reads it.
 RECEIPT_COLUMNS = (*INTENT_FIELDS, "state", "created_at", "updated_at", "submitted_at")
 INSERT_RECEIPT = (
     f"INSERT INTO receipts ({', '.join(RECEIPT_COLUMNS)}) "
@@ -79,44 +76,34 @@ INSERT_TRANSITION = (
 
 STATE_OF = "SELECT state FROM receipts WHERE operation_id = :operation_id"
 
-_HISTORY_OF_NEW = (  # the creation row and `planned -> submitted`, for the receipt a CTE named `receipt` inserted
-    f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "
-    "SELECT receipt.operation_id, step.from_state, step.to_state, :recorded_at, step.detail "
-    f"FROM receipt, (VALUES (1, CAST(NULL AS VARCHAR), '{State.PLANNED.value}', :created_detail), "
-    f"(2, '{State.PLANNED.value}', '{State.SUBMITTED.value}', :submitted_detail)) AS step(n, from_state, to_state, detail) "
-    "ORDER BY step.n"
-)
+# The history of a new receipt, for the one a CTE named `receipt` inserted: its creation row, and
+# `planned -> submitted` when it was recorded as submitted.
+_CREATED_ROW = f"(1, CAST(NULL AS VARCHAR), '{State.PLANNED.value}', :created_detail)"
+_SUBMITTED_ROW = f"(2, '{State.PLANNED.value}', '{State.SUBMITTED.value}', :submitted_detail)"
 
 
-@functools.cache
-def record_unless_blocked(key_checked: bool, successes_block: bool) -> str:
-    """PostgreSQL only: the decision and the receipt's three rows in one statement (a data-modifying CTE, which
-    SQLite does not have). It inserts nothing when something stands in the way (its row count is then 0, and the
-    blocker is read with the statements above); on PostgreSQL each statement is a round trip and some of the
-    server's CPU, while SQLite runs them in the writer's own process, where they cost less than one round trip."""
-    blocked = [f"EXISTS (SELECT 1 FROM receipts r WHERE {_OPEN_OR_SUCCEEDED_WHERE if successes_block else _OPEN_WHERE})"]
-    if key_checked:
-        blocked.insert(0, f"EXISTS (SELECT 1 FROM receipts r WHERE {_KEY_MISMATCH_WHERE})")
-    values = ", ".join(f"CAST(:{c} AS {_PG_TYPES[c]})" for c in RECEIPT_COLUMNS)
+def _history_of_new(submitted: bool) -> str:
+    steps = f"{_CREATED_ROW}, {_SUBMITTED_ROW}" if submitted else _CREATED_ROW
     return (
-        f"WITH receipt AS (INSERT INTO receipts ({', '.join(RECEIPT_COLUMNS)}) SELECT {values} "
-        f"WHERE NOT ({' OR '.join(blocked)}) ON CONFLICT DO NOTHING RETURNING operation_id) {_HISTORY_OF_NEW}"
+        f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "
+        "SELECT receipt.operation_id, step.from_state, step.to_state, :recorded_at, step.detail "
+        f"FROM receipt, (VALUES {steps}) AS step(n, from_state, to_state, detail) ORDER BY step.n"
     )
 
 
-@functools.cache
-def compare_and_set(columns: tuple[str, ...]) -> str:
-    """`expected_from -> state` with these columns updated, if the receipt is still in `expected_from`."""
+def compare_and_set(columns: tuple[str, ...], owned: bool) -> str:
+    """`expected_from -> state` with these columns updated, if the receipt is still in `expected_from` (and,
+    when `owned`, still leased by `owned_by`)."""
     assignments = ", ".join(f"{c} = :{c}" for c in ("state", "updated_at", *columns))
-    return f"UPDATE receipts SET {assignments} WHERE operation_id = :operation_id AND state = :expected_from"
+    owner = " AND lease_owner = :owned_by" if owned else ""
+    return f"UPDATE receipts SET {assignments} WHERE operation_id = :operation_id AND state = :expected_from{owner}"
 
 
-@functools.cache
-def advance_in_one(columns: tuple[str, ...]) -> str:
+def advance_in_one(columns: tuple[str, ...], owned: bool) -> str:
     """PostgreSQL only: `compare_and_set` and its history row in one statement; its row count says if it moved
-    (one round trip instead of two, and, for a batch of one, no COMMIT of its own: see connection.py)."""
+    (one round trip instead of two, and, for a writer's batch of one, no COMMIT of its own: see connection.py)."""
     return (
-        f"WITH moved AS ({compare_and_set(columns)} RETURNING operation_id) "
+        f"WITH moved AS ({compare_and_set(columns, owned)} RETURNING operation_id) "
         f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "
         "SELECT moved.operation_id, :expected_from, :state, :recorded_at, :detail FROM moved"
     )
@@ -130,9 +117,10 @@ class DriverStatements:
 
     def __init__(self, dialect: Dialect):
         self.name = dialect.name
-        self._sql: dict[str, str] = {}
+        self._sql: dict[Any, str] = {}
         self._bind = _bind_processors(dialect)
         self._result = [self._result_of(dialect, name) for name in RECEIPT_FIELDS]
+        self._types = {c.name: c.type.compile(dialect=dialect) for c in _RECEIPTS.c} if self.name == "postgresql" else {}
 
     def sql(self, statement: str) -> str:
         """`statement` in the driver's parameter style: sqlite3 takes `:name` as written, psycopg `%(name)s`."""
@@ -140,6 +128,37 @@ class DriverStatements:
         if converted is None:
             converted = statement if self.name == "sqlite" else _NAMED.sub(r"%(\1)s", statement)
             self._sql[statement] = converted
+        return converted
+
+    def compare_and_set(self, columns: tuple[str, ...], owned: bool) -> str:
+        return self._rendered(("cas", columns, owned), lambda: compare_and_set(columns, owned))
+
+    def advance_in_one(self, columns: tuple[str, ...], owned: bool) -> str:
+        return self._rendered(("advance", columns, owned), lambda: advance_in_one(columns, owned))
+
+    def record_unless_blocked(self, key_checked: bool, successes_block: bool, submitted: bool) -> str:
+        """PostgreSQL only: the decision and the receipt's rows in one statement (a data-modifying CTE, which
+        SQLite does not have). It inserts nothing when something stands in the way (its row count is then 0,
+        and the blocker is read with the statements above)."""
+
+        def render() -> str:
+            blocked = [f"EXISTS (SELECT 1 FROM receipts r WHERE {_OPEN_OR_SUCCEEDED_WHERE if successes_block else _OPEN_WHERE})"]
+            if key_checked:
+                blocked.insert(0, f"EXISTS (SELECT 1 FROM receipts r WHERE {_KEY_MISMATCH_WHERE})")
+            values = ", ".join(f"CAST(:{c} AS {self._types[c]})" for c in RECEIPT_COLUMNS)
+            return (
+                f"WITH receipt AS (INSERT INTO receipts ({', '.join(RECEIPT_COLUMNS)}) SELECT {values} "
+                f"WHERE NOT ({' OR '.join(blocked)}) ON CONFLICT DO NOTHING RETURNING operation_id) "
+                f"{_history_of_new(submitted)}"
+            )
+
+        return self._rendered(("record", key_checked, successes_block, submitted), render)
+
+    def _rendered(self, key: Any, render: Callable[[], str]) -> str:
+        """A statement built from its parts once, in the driver's parameter style."""
+        converted = self._sql.get(key)
+        if converted is None:
+            converted = self._sql[key] = self.sql(render())
         return converted
 
     def bound(self, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Why a process: under load the proxy's event loop has one core, and its throughput is that core divided by its
 CPU per request. A writer thread shares the proxy's GIL, so journal work in it still costs the proxy's core;
-only another process takes it off (issue 15's measurements). The proxy starts this one (client.py), hands it
+only another process takes it off. The proxy starts this one (client.py), hands it
 one end of a socketpair, and restarts it if it dies.
 
 Group commit: the writer reads every request waiting on its socket, runs them in one transaction (one fsync on
@@ -28,11 +28,11 @@ from typing import Any
 from proxy_addon.db import database_wait
 from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal.connection import DriverConnection
-from proxy_addon.journal.hot_path import HotPath
 from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Ready, Record, Reply, Setup, frame, split_frames
-from proxy_addon.log import configure_logging, get_logger
+from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
+from proxy_addon.log import DeferredLogger
 
-log = get_logger("receipts.journal_writer")
+log = DeferredLogger("receipts.journal_writer")  # structlog loaded at the first line, if any: see log.py
 RECEIVE_SIZE = 1 << 18
 TOO_LATE = "the write waited longer than proxy.journal_timeout, so it was not written"
 EXPIRED = f"cannot write the journal: {TOO_LATE}"
@@ -72,9 +72,13 @@ class JournalWriter:
         try:
             with self.connection.transaction(alone=len(batch) == 1, within=deadline - now) as conn:
                 self._exit_if_orphaned()
-                hot = HotPath(conn, self.connection.statements)
-                sent = hot.pipelined([request for _, request in batch])
-                replies = [(request_id, _apply(hot, request, first)) for (request_id, request), first in zip(batch, sent, strict=True)]
+                journal = JournalWrites.on(OnDriver(conn), self.connection.statements)
+                writes = [_write_of(request) for _, request in batch]
+                sent = journal.pipelined(writes)
+                replies = [
+                    (request_id, _apply(journal, write, first))
+                    for (request_id, _), write, first in zip(batch, writes, sent, strict=True)
+                ]
                 self._exit_if_orphaned()
                 if conn.autocommit is not True and time.monotonic() >= deadline:
                     raise ExpiredError(TOO_LATE)  # not committed: each runs alone again, and the late one is refused
@@ -95,13 +99,19 @@ class JournalWriter:
         self.connection.close()
 
 
-def _apply(hot: HotPath, request: Record | Advance, sent: Any) -> Reply:
-    """One request inside the batch's transaction; what it may refuse is answered, any other error fails the batch."""
+def _write_of(request: Record | Advance) -> NewReceipt | Step:
+    if isinstance(request, Record):
+        return NewReceipt(request.intent, request.successes_block_for, request.who)
+    return Step(request.operation_id, request.expected_from, request.to, request.detail, request.updates)
+
+
+def _apply(journal: JournalWrites, write: NewReceipt | Step, sent: Any) -> Reply:
+    """One write inside the batch's transaction; what it may refuse is answered, any other error fails the batch."""
     try:
-        if isinstance(request, Record):
-            blocker = hot.record(request, sent)
+        if isinstance(write, NewReceipt):
+            blocker = journal.record(write, sent)
             return Done() if blocker is None else Blocked(blocker)
-        hot.advance(request, sent)
+        journal.advance(write, sent)
         return Done()
     except StaleStateError as e:
         return Failed("stale", str(e), e.actual)
@@ -162,7 +172,7 @@ def serve_socket(sock: socket.socket, configure_log: bool) -> None:
     buffer = bytearray()
     setup, requests = _setup_frame(sock, buffer)
     if configure_log:
-        configure_logging(setup.log_level, setup.log_format)
+        log.configure(setup.log_level, setup.log_format)
     writer = JournalWriter(setup.database_url, setup.max_batch, database_wait(setup.journal_timeout))
     sock.sendall(frame(0, Ready()))
     try:

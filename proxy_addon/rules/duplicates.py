@@ -1,13 +1,13 @@
 """The one duplicate decision: what a request gets when an earlier receipt of the same intent stands in its way.
 
-The store finds the blocker (store/receipts.py, `_find_blocker`); this module decides, from the blocker and
+The journal finds the blocker (journal/writes.py, `blocker`); this module decides, from the blocker and
 the host's `after_success` policy, whether the request is refused, answered with the stored response, or
 forwarded. The proxy answers by it, and the proof endpoint and the review page say what a retry would get by it.
 
 Which successes still block (the blocker query applies it): one within the host's `after_success.window`,
 unless a later journaled write by the same account to the same target (scheme, host, port, path) with a
-method in INVALIDATING_METHODS may have changed what is there since (RFC 9111 4.4: unsafe methods invalidate
-what a cache holds for their target). PUT A, PUT B, PUT A forwards the third: replaying A's first answer
+method in INVALIDATING_METHODS (states.py) may have changed what is there since (RFC 9111 4.4: unsafe methods
+invalidate what a cache holds for their target). PUT A, PUT B, PUT A forwards the third: replaying A's first answer
 would be a stale lie. A POST invalidates nothing: a later create does not undo an earlier one, and POST A,
 POST B, POST A is most likely a retry of the first. A later write known not to have happened (rejected,
 or proved absent: safe_to_retry) changes nothing either.
@@ -26,13 +26,16 @@ from proxy_addon.request import answers
 from proxy_addon.request.answers import Answer
 from proxy_addon.rules.records import Blocker, BlockKind, ReceiptRecord
 from proxy_addon.rules.redaction import REDACTED
-from proxy_addon.rules.states import IN_FLIGHT_STATES, RefusalReason, State
+from proxy_addon.rules.states import IN_FLIGHT_STATES, RefusalReason
 from proxy_addon.rules.verdicts import is_success
 
-# A later journaled write with one of these methods ends the replay window of earlier successes on its target.
-INVALIDATING_METHODS = ("PUT", "PATCH", "DELETE")
-# ... unless it is known not to have happened.
-NOT_HAPPENED_STATES = (State.REJECTED, State.SAFE_TO_RETRY)
+
+def successes_block_for(after_success: AfterSuccess) -> float | None:
+    """How long (seconds) a success of an intent blocks a repeat of it under this policy; None when none does
+    (`allow`, or no window): what the blocker query is given."""
+    if after_success.policy != "allow" and after_success.window > 0:
+        return float(after_success.window)
+    return None
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,12 @@ OPEN_STATES: frozenset[State] = frozenset(State) - TERMINAL_STATES
 # Open and still on its way: recorded, about to be or being sent, no verdict yet (in_flight.policy is about these).
 IN_FLIGHT_STATES: frozenset[State] = frozenset({State.PLANNED, State.SUBMITTED})
 
+# A success's replay window ends with a later journaled write to its target by one of these methods
+# (duplicates.py says why) ...
+INVALIDATING_METHODS = ("PUT", "PATCH", "DELETE")
+# ... unless that write is known not to have happened.
+NOT_HAPPENED_STATES = (State.REJECTED, State.SAFE_TO_RETRY)
+
 # A person's `resolve` may settle these, into these.
 RESOLVABLE_STATES: frozenset[State] = frozenset({State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN})
 RESOLUTION_STATES: frozenset[State] = frozenset({State.SUCCEEDED, State.SAFE_TO_RETRY})

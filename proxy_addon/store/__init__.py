@@ -1,7 +1,8 @@
 """The receipt store: the only code that reads or writes the journal's tables, split by concern.
 
 `ReceiptStore(engine)` holds one part per concern, each a small interface over one `Database`:
-- `receipts`: the write path (record, submit, transition), the duplicate decision's query, reads;
+- `receipts`: the general write path (record, submit, transition: journal/writes.py), the duplicate
+  decision for the proof, reads;
 - `instances`: proxy instances and the recovery of dead ones' receipts;
 - `queue`: the reconcile queue (leases);
 - `refusals`: refused and replayed duplicates;
@@ -9,19 +10,24 @@
 - `scrub`: rows from earlier versions redacted again with today's rules (`receipts scrub`).
 """
 
-from sqlalchemy import Engine
+from typing import TYPE_CHECKING
 
-from proxy_addon.store.database import Database
-from proxy_addon.store.instances import Instances
-from proxy_addon.store.queue import ReconcileQueue
-from proxy_addon.store.receipts import Receipts
-from proxy_addon.store.refusals import Refusals
-from proxy_addon.store.retention import Retention
-from proxy_addon.store.scrub import Scrubber
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 
 class ReceiptStore:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: "Engine"):
+        # The parts are imported when a store is made, not with this package: the journal writer process
+        # imports the tables alone (store/tables.py), and none of the rest, whose imports it would pay at start.
+        from proxy_addon.store.database import Database
+        from proxy_addon.store.instances import Instances
+        from proxy_addon.store.queue import ReconcileQueue
+        from proxy_addon.store.receipts import Receipts
+        from proxy_addon.store.refusals import Refusals
+        from proxy_addon.store.retention import Retention
+        from proxy_addon.store.scrub import Scrubber
+
         self.engine = engine
         self.db = Database(engine)
         self.receipts = Receipts(self.db)
@@ -30,7 +36,3 @@ class ReceiptStore:
         self.refusals = Refusals(self.db)
         self.retention = Retention(self.db)
         self.scrub = Scrubber(self.db)
-
-    def close(self) -> None:
-        """Stop the group committer, if any (the engine is the caller's to dispose)."""
-        self.db.close()

@@ -1,8 +1,13 @@
 """The storage layer's plumbing: transactions, the database's clock, and storage errors wrapped at the boundary.
 
 Every part of the store (receipts, instances, the reconcile queue, refusals, retention) writes through one
-`Database`, so that the group committer, the retry of a dropped connection and the error wrapping are the
-same everywhere. Callers see one exception type for a storage failure: JournalUnavailableError.
+`Database`, so that the retry of a dropped connection and the error wrapping are the same everywhere. Callers
+see one exception type for a storage failure: JournalUnavailableError.
+
+There is no group commit here: the proxy's hot-path writes, the many concurrent ones, are committed by its
+journal writer process in batches (journal/writer.py); what the proxy's process still writes itself (the
+fallbacks when its writer is lost, recovery, the reconciler, refusals, heartbeats) is rare enough to commit
+one transaction at a time.
 """
 
 from collections.abc import Callable, Iterator
@@ -14,14 +19,12 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from proxy_addon.exceptions import JournalUnavailableError
 from proxy_addon.rules.records import utcnow
-from proxy_addon.store.group_commit import GroupCommitter
 
 
 class Database:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.dialect = engine.dialect.name
-        self._committer: GroupCommitter | None = None
 
     @contextmanager
     def storage_errors(self) -> Iterator[None]:
@@ -55,32 +58,8 @@ class Database:
         with self.storage_errors(), self.engine.begin() as conn:
             yield conn
 
-    # -- the hot path's transactions ------------------------------------------------------------------------
-
-    def enable_group_commit(self, max_batch: int = 64) -> None:
-        """Send every `write` through one writer thread that commits what is queued together (SQLite: one
-        writer at a time anyway, one fsync per batch)."""
-        if self._committer is None:
-            self._committer = GroupCommitter(self.engine, max_batch)
-
-    def close(self) -> None:
-        if self._committer is not None:
-            self._committer.stop()
-            self._committer = None
-
-    @contextmanager
-    def hot_connection(self) -> Iterator[Connection | None]:
-        """The connection that one request's transactions share; none under group commit (the writer has its own)."""
-        if self._committer is not None:
-            yield None
-            return
-        with self.engine.connect() as conn:
-            yield conn
-
     def write[T](self, work: Callable[[Connection], T], conn: Connection | None = None) -> T:
-        """Run `work` in one committed transaction: the group committer's, or one on `conn` (or a fresh checkout)."""
-        if self._committer is not None:
-            return self._committer.run(work)
+        """Run `work` in one committed transaction on `conn` (or on a fresh checkout)."""
         if conn is not None:
             return in_transaction(conn, work)
         with self.engine.connect() as fresh:

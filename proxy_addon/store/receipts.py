@@ -1,134 +1,49 @@
 """Receipts: the general write path, and the reads of receipts and their history.
 
-The proxy's own writes go through its journal writer process (proxy_addon/journal/), which runs the same
-decision and the same writes as plain SQL; this is the general path everything else uses (the CLI, the
-reconciler, recovery, tests), and the reference that the writer's statements are tested equal to.
+The proxy's own writes go through its journal writer process (proxy_addon/journal/); this is the path
+everything else takes (the CLI, the reconciler, recovery, a person's review, the proxy's fallbacks, tests).
+Both run the same writes, defined once in journal/writes.py: here each runs on the driver under a
+SQLAlchemy transaction of `Database.write` (statements sent with exec_driver_sql, so that SQLAlchemy still
+wraps their errors and replaces a connection the server dropped), there on the writer's own connection.
 
 The write a newcomer looks for, top to bottom in this file:
-1. `record_and_submit` decides and records in one transaction: `_find_blocker` looks for an earlier receipt
-   of the same intent in the way (an open one, a recent success, an Idempotency-Key used for another
-   request); if there is one, DuplicateIntentError carries it to the caller, which answers from it
-   (rules/duplicates.py). Otherwise the receipt is inserted as `submitted` with its creation row (`planned`) and
-   its `planned -> submitted` row, and committed: only then may the request go upstream. The partial unique
-   index over open receipts is the last word: of two writers that decide at once, the second insert fails
-   there and is refused like any duplicate.
+1. `record_and_submit` decides and records in one transaction (writes.py, `record`): an earlier receipt of
+   the same intent in the way (an open one, a recent success, an Idempotency-Key used for another request)
+   is raised as DuplicateIntentError, which carries it to the caller, which answers from it (rules/duplicates.py).
+   Otherwise the receipt is inserted as `submitted` with its creation row (`planned`) and its
+   `planned -> submitted` row, and committed: only then may the request go upstream. The partial unique
+   index over open receipts is the last word: of two writers that decide at once, the second inserts
+   nothing there and is refused like any duplicate.
 2. `transition` records every later step (the verdict, recovery, the reconciler, a person): a
-   compare-and-set of the state with its history row, in one commit.
+   compare-and-set of the state with its history row, in one commit (writes.py, `advance`).
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from contextlib import AbstractContextManager, nullcontext
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Table, and_, bindparam, case, exists, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Connection, Table, select
 
 from proxy_addon import metrics
 from proxy_addon.config import AfterSuccess
-from proxy_addon.exceptions import (
-    DuplicateIntentError,
-    IllegalTransitionError,
-    JournalUnavailableError,
-    ReceiptNotFoundError,
-    StaleStateError,
-)
-from proxy_addon.rules.duplicates import INVALIDATING_METHODS, NOT_HAPPENED_STATES
-from proxy_addon.rules.records import (
-    INTENT_FIELDS,
-    Blocker,
-    BlockKind,
-    Intent,
-    ReceiptRecord,
-    TransitionRecord,
-    utcnow,
-)
-from proxy_addon.rules.states import OPEN_STATES, TERMINAL_STATES, State, is_allowed
+from proxy_addon.exceptions import DuplicateIntentError, ReceiptNotFoundError
+from proxy_addon.journal.statements import DriverStatements
+from proxy_addon.journal.writes import Cursor, JournalWrites, NewReceipt, Step
+from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.records import Blocker, Intent, ReceiptRecord, TransitionRecord, utcnow
+from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
 from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 receipts: Table = Receipt.__table__  # type: ignore[assignment]
 transitions: Table = ReceiptTransition.__table__  # type: ignore[assignment]
 
-# what `transition` may change besides the state (everything else is fixed once the receipt is recorded)
-UPDATABLE = frozenset(
-    {
-        "status_code",
-        "external_id",
-        "error_code",
-        "error_message",
-        "submitted_at",
-        "completed_at",
-        "response_headers",
-        "response_body",
-        "response_body_truncated",
-        "response_body_redacted",
-        "reconcile_attempts",
-        "next_attempt_at",
-        "lease_owner",
-        "lease_expires_at",
-    }
-)
-RECORD_ATTEMPTS = 3  # decide-and-insert rounds lost to a concurrent writer before giving up
-
-# Statements built once: each execution skips statement construction and hits SQLAlchemy's compiled cache.
-_OPEN = [s.value for s in OPEN_STATES]
-_IS_OPEN = receipts.c.state.in_(_OPEN)
-_SAME_INTENT = (receipts.c.account == bindparam("b_account"), receipts.c.intent_fingerprint == bindparam("b_fp"))
-_INSERT_RECEIPT = insert(receipts)
-_INSERT_TRANSITION = insert(transitions)
-_Q_STATE = select(receipts.c.state).where(receipts.c.operation_id == bindparam("b_op"))
-_Q_KEY_MISMATCH = (
-    select(receipts)
-    .where(
-        receipts.c.account == bindparam("b_account"),
-        receipts.c.idempotency_key == bindparam("b_key"),
-        receipts.c.intent_fingerprint != bindparam("b_fp"),
-    )
-    .limit(1)
-)
-_Q_OPEN = select(receipts).where(*_SAME_INTENT, _IS_OPEN).limit(1)
-# A success's replay window ends with a later write to its target (rules/duplicates.py says which). "Later" is by the
-# order the receipts were journaled in: their creation rows' history ids, one sequence for every replica,
-# which the replicas' clocks cannot reorder.
-_later, _later_created, _own_created = receipts.alias("later"), transitions.alias("later_created"), transitions.alias("own_created")
-_LATER_WRITE_TO_TARGET = (
-    exists()
-    .where(
-        _later.c.account == receipts.c.account,
-        _later.c.host == receipts.c.host,
-        _later.c.port == receipts.c.port,
-        _later.c.path == receipts.c.path,
-        _later.c.scheme == receipts.c.scheme,
-        _later.c.method.in_(INVALIDATING_METHODS),
-        _later.c.state.not_in([s.value for s in NOT_HAPPENED_STATES]),
-        _later_created.c.operation_id == _later.c.operation_id,
-        _later_created.c.from_state.is_(None),
-        _own_created.c.operation_id == receipts.c.operation_id,
-        _own_created.c.from_state.is_(None),
-        _later_created.c.id > _own_created.c.id,
-    )
-    .correlate(receipts)
-)
-_STILL_BLOCKING_SUCCESS = and_(
-    receipts.c.state == State.SUCCEEDED.value,
-    receipts.c.completed_at >= bindparam("b_since"),
-    ~_LATER_WRITE_TO_TARGET,
-)
-_Q_OPEN_OR_SUCCEEDED = (  # an open receipt wins over a success; the latest success over older ones
-    select(receipts)
-    .where(*_SAME_INTENT, or_(_IS_OPEN, _STILL_BLOCKING_SUCCESS))
-    .order_by(case((_IS_OPEN, 0), else_=1), receipts.c.completed_at.desc())
-    .limit(1)
-)
-_CAS_GUARD = (receipts.c.operation_id == bindparam("b_op"), receipts.c.state == bindparam("b_from"))
-_CAS = update(receipts).where(*_CAS_GUARD)  # SET comes from the execution's parameters
-_CAS_OWNED = update(receipts).where(*_CAS_GUARD, receipts.c.lease_owner == bindparam("b_owner"))
-
 
 class Receipts:
     def __init__(self, db: Database):
         self.db = db
+        self.statements = DriverStatements(db.engine.dialect)
 
     # -- the write path ---------------------------------------------------------------------------------------
 
@@ -148,42 +63,11 @@ class Receipts:
             self._record(intent, after_success or AfterSuccess(), submitted_by=None)
 
     def _record(self, intent: Intent, after_success: AfterSuccess, submitted_by: str | None) -> None:
-        now = utcnow()
-        row = {name: getattr(intent, name) for name in INTENT_FIELDS}
-        row.update(state=State.PLANNED.value, created_at=now, updated_at=now, authentication_recorded=False)
-        history: list[dict[str, Any]] = [
-            {
-                "operation_id": intent.operation_id,
-                "from_state": None,
-                "to_state": State.PLANNED.value,
-                "recorded_at": now,
-                "detail": {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint},
-            }
-        ]
-        if submitted_by is not None:
-            row.update(state=State.SUBMITTED.value, submitted_at=now)
-            step = {"from_state": State.PLANNED.value, "to_state": State.SUBMITTED.value, "detail": {"who": submitted_by}}
-            history.append({**history[0], **step})
-
-        def decide_and_insert(c: Connection) -> None:
-            blocker = _find_blocker(c, intent, after_success)
-            if blocker is not None:
-                raise DuplicateIntentError.of(blocker, intent)
-            c.execute(_INSERT_RECEIPT, row)
-            c.execute(_INSERT_TRANSITION, history)
-
-        for _attempt in range(RECORD_ATTEMPTS):
-            try:
-                self.db.write(decide_and_insert)
-            except IntegrityError:  # another writer's open receipt of this intent won the unique index
-                with self.db.reading() as rc:
-                    open_row = rc.execute(_Q_OPEN, _intent_params(intent)).first()
-                if open_row is not None:
-                    raise DuplicateIntentError.of(Blocker(BlockKind.OPEN, ReceiptRecord.from_row(open_row)), intent) from None
-                continue
-            metrics.transitioned(State.PLANNED)
-            return
-        raise JournalUnavailableError("could not record the intent: the open-intent index kept changing")
+        new = NewReceipt(intent, successes_block_for(after_success), submitted_by, at=utcnow())
+        blocker = self.db.write(lambda conn: self._writes(conn).record(new))
+        if blocker is not None:
+            raise DuplicateIntentError.of(blocker, intent)
+        metrics.transitioned(State.PLANNED)
 
     def transition(
         self,
@@ -200,21 +84,13 @@ class Receipts:
         `owned_by` adds the lease holder to the compare: a worker whose lease expired and was taken over
         cannot write a verdict over its successor's.
         """
-        expected_from, to = State(expected_from), State(to)
-        if not is_allowed(expected_from, to):
-            raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
-        unknown = set(updates) - UPDATABLE
-        if unknown:
-            raise ValueError(f"transition cannot set {', '.join(sorted(unknown))}")
-        now = utcnow()
-        if to == State.SUBMITTED:
-            updates.setdefault("submitted_at", now)
-        if to in TERMINAL_STATES:
-            updates.setdefault("completed_at", now)
-        step = _Step(operation_id, expected_from, to, detail or {}, owned_by, updates, now)
+        step = Step(operation_id, expected_from, to, detail or {}, updates, owned_by, at=utcnow())
         with self.db.storage_errors():
-            self.db.write(step.apply)
-        metrics.transitioned(to)
+            self.db.write(lambda conn: self._writes(conn).advance(step))
+        metrics.transitioned(step.to)
+
+    def _writes(self, conn: Connection) -> JournalWrites:
+        return JournalWrites.on(_OnSQLAlchemy(conn), self.statements)
 
     # -- the duplicate decision, read only --------------------------------------------------------------------
 
@@ -232,7 +108,7 @@ class Receipts:
             account=receipt.account,
         )
         with self.db.storage_errors(), self.db.reading() as conn:
-            return _find_blocker(conn, again, after_success)
+            return self._writes(conn).blocker(again, successes_block_for(after_success))
 
     # -- reads ------------------------------------------------------------------------------------------------
 
@@ -278,59 +154,18 @@ class Receipts:
             return [ReceiptRecord.from_row(r) for r in conn.execute(q)]
 
 
-def _intent_params(intent: Intent) -> dict[str, Any]:
-    return {"b_account": intent.account, "b_fp": intent.intent_fingerprint}
+class _OnSQLAlchemy:
+    """The writes' Connection (journal/writes.py) on a SQLAlchemy connection: each statement, already in the
+    driver's parameter style with its values converted, goes to the driver through exec_driver_sql, within the
+    connection's transaction; SQLAlchemy wraps its errors and invalidates a connection the server dropped."""
 
+    __slots__ = ("conn",)
 
-def _find_blocker(conn: Connection, intent: Intent, after_success: AfterSuccess) -> Blocker | None:
-    """At most two indexed queries: a reused Idempotency-Key (skipped for the key the proxy injects, a fresh
-    operation id), then the open receipt or, under an after-success policy, the recent success of the same
-    intent that no later write to its target has invalidated, in one query (an open one wins)."""
-    if intent.idempotency_key is not None and intent.idempotency_key != intent.operation_id:
-        other = conn.execute(_Q_KEY_MISMATCH, {**_intent_params(intent), "b_key": intent.idempotency_key}).first()
-        if other is not None:
-            return Blocker(BlockKind.KEY_MISMATCH, ReceiptRecord.from_row(other))
-    if after_success.policy != "allow" and after_success.window > 0:
-        since = utcnow() - timedelta(seconds=after_success.window)
-        row = conn.execute(_Q_OPEN_OR_SUCCEEDED, {**_intent_params(intent), "b_since": since}).first()
-    else:
-        row = conn.execute(_Q_OPEN, _intent_params(intent)).first()
-    if row is None:
-        return None
-    kind = BlockKind.SUCCEEDED if row.state == State.SUCCEEDED.value else BlockKind.OPEN
-    return Blocker(kind, ReceiptRecord.from_row(row))
+    def __init__(self, conn: Connection):
+        self.conn = conn
 
+    def execute(self, statement: str, params: dict[str, Any]) -> Cursor:
+        return self.conn.exec_driver_sql(statement, params)
 
-@dataclass(frozen=True, slots=True)
-class _Step:
-    """One compare-and-set with its history row: the unit of work a transaction (or a batch) runs."""
-
-    operation_id: str
-    expected_from: State
-    to: State
-    detail: dict[str, Any]
-    owned_by: str | None
-    updates: dict[str, Any]
-    now: datetime
-
-    def apply(self, conn: Connection) -> None:
-        params = {"b_op": self.operation_id, "b_from": self.expected_from.value, "state": self.to.value, "updated_at": self.now}
-        params.update(self.updates)
-        if self.owned_by is not None:
-            params["b_owner"] = self.owned_by
-        result = conn.execute(_CAS if self.owned_by is None else _CAS_OWNED, params)
-        if result.rowcount != 1:
-            actual = conn.execute(_Q_STATE, {"b_op": self.operation_id}).scalar()
-            if actual is None:
-                raise ReceiptNotFoundError(f"no receipt {self.operation_id}")
-            raise StaleStateError(self.operation_id, self.expected_from.value, actual)
-        conn.execute(
-            _INSERT_TRANSITION,
-            {
-                "operation_id": self.operation_id,
-                "from_state": self.expected_from.value,
-                "to_state": self.to.value,
-                "recorded_at": self.now,
-                "detail": self.detail,
-            },
-        )
+    def pipeline(self) -> AbstractContextManager[Any]:
+        return nullcontext()  # one statement at a time: the general path writes one receipt per transaction

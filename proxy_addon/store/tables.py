@@ -116,7 +116,7 @@ class Receipt(Base):
         Index("ix_receipts_account_fingerprint_completed", "account", "intent_fingerprint", "completed_at"),
         Index("ix_receipts_state_next_attempt", "state", "next_attempt_at"),
         Index("ix_receipts_proxy_instance_state", "proxy_instance", "state"),
-        # the later writes to a target that end its successes' replay window (store/receipts.py, _find_blocker)
+        # the later writes to a target that end its successes' replay window (journal/statements.py)
         Index("ix_receipts_account_target", "account", "host", "port", "path"),
         # No open duplicate: at most one open receipt per (account, fingerprint), enforced by the database
         # itself, so that two proxies sharing it can never both forward the same open intent.

@@ -48,4 +48,3 @@ def test_a_failed_reconfigure_keeps_the_journal_it_had(setting, tmp_path):
         assert (addon.store, addon.handler.hasher) == (store, hasher)
         store.instances.register("still-writable", "h", 1)
         assert "still-writable" in store.instances.dead(None, 0.0, known_dead=["still-writable"])
-        store.close()

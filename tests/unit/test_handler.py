@@ -84,7 +84,6 @@ def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         if addon.journal is not None:
             addon.journal.close()
         if addon.store is not None:
-            addon.store.close()
             addon.store.engine.dispose()
 
 

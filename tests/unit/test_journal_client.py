@@ -21,7 +21,10 @@ from proxy_addon.exceptions import (
 from proxy_addon.journal.client import JournalClient, WriterThread
 from proxy_addon.journal.messages import Blocked, Done, Failed, Ready, Record, Setup, frame, split_frames
 from proxy_addon.journal.writer import JournalWriter
+from proxy_addon.rules.duplicates import successes_block_for
 from proxy_addon.rules.states import State
+
+DEFAULT_WINDOW = successes_block_for(AfterSuccess())  # what a Record carries for the default policy
 
 
 class SilentWriter:
@@ -226,12 +229,12 @@ def test_the_writer_does_not_write_a_request_past_its_deadline(url: str) -> None
     try:
         late, live = intent(proxy_instance="me"), intent(proxy_instance="me")
         past, future = time.monotonic() - 1, time.monotonic() + 60
-        replies = dict(writer.run([(1, Record(late, AfterSuccess(), "me", past)), (2, Record(live, AfterSuccess(), "me", future))]))
+        replies = dict(writer.run([(1, Record(late, DEFAULT_WINDOW, "me", past)), (2, Record(live, DEFAULT_WINDOW, "me", future))]))
         assert isinstance(replies[1], Failed) and "waited longer than proxy.journal_timeout" in replies[1].message
         assert isinstance(replies[2], Done)
-        [(_, again)] = writer.run([(3, Record(late, AfterSuccess(), "me", future))])
+        [(_, again)] = writer.run([(3, Record(late, DEFAULT_WINDOW, "me", future))])
         assert isinstance(again, Done)  # the late one was not written: not a duplicate of itself
-        [(_, repeat)] = writer.run([(4, Record(intent(live.intent_fingerprint, proxy_instance="me"), AfterSuccess(), "me", future))])
+        [(_, repeat)] = writer.run([(4, Record(intent(live.intent_fingerprint, proxy_instance="me"), DEFAULT_WINDOW, "me", future))])
         assert isinstance(repeat, Blocked)
     finally:
         writer.close()
@@ -248,7 +251,7 @@ def test_a_receipt_committed_after_its_caller_gave_up_is_closed_as_not_sent(url:
         client = JournalClient(Setup(url, log_level="error", journal_timeout=30), start)
         it = intent(proxy_instance="me")
         with pytest.raises(JournalTimeoutError):  # a deadline sooner than the writer's watchdog: it is not killed
-            await client._call(Record(it, AfterSuccess(), "me", time.monotonic() + 0.2), time.monotonic() + 0.3)
+            await client._call(Record(it, DEFAULT_WINDOW, "me", time.monotonic() + 0.2), time.monotonic() + 0.3)
         slow = writers[0]
         [_setup, (request_id, _record)] = await slow.received(2)
         slow.other.sendall(frame(request_id, Done()))  # committed, answered too late

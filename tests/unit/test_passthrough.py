@@ -77,7 +77,6 @@ def proxy(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     for journal in made:
         store: ReceiptStore | None = journal.store
         if store is not None:
-            store.close()
             store.engine.dispose()
 
 

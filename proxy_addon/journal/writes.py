@@ -1,0 +1,331 @@
+"""The journal's writes, each defined once: record an intent, advance a receipt, and the duplicate decision.
+
+Why one definition: the proxy's own writes go through its journal writer process (writer.py), everything
+else (the CLI, the reconciler, recovery, a person's review, the proxy's fallbacks when its writer is lost)
+through the store's general path (store/receipts.py). Both run the code below, so a new state, column or rule
+is written once, and the two cannot decide or write differently. In the spirit of a persistence layer behind
+an idempotency check, the interface is a few storage primitives:
+- `record`: decide, then record the intent as a new receipt with its history rows (`planned`, and
+  `planned -> submitted` when it is recorded as submitted), or answer the receipt in its way;
+- `advance`: a compare-and-set of a receipt's state with column updates, and its history row;
+- `blocker`: the duplicate decision alone, read only: what stands in the way of an intent now.
+None of them commits: each runs inside a transaction its caller opens and commits (the writer's group commit,
+or the store's SQLAlchemy transaction).
+
+They run over a DBAPI connection, below SQLAlchemy, for speed (statements.py says why): the writer runs them
+on its own driver connection (`OnDriver`), the store on the driver under its SQLAlchemy connection (see
+store/receipts.py), so that SQLAlchemy still sees their errors (a connection the server dropped is replaced,
+a storage error is wrapped) and its transaction holds them.
+
+Where the databases differ, one implementation each, behind the same primitives:
+- PostgreSQL (`PostgresWrites`): each write is one statement (a data-modifying CTE: the decision and the
+  receipt's rows; the compare-and-set and its history row), since each statement is a round trip and some of
+  the server's CPU; a writer's batch sends them all at once (psycopg's pipeline mode: `pipelined`).
+- SQLite (`SQLiteWrites`): the statements one by one, in the calling process, where each costs less than one
+  round trip would; its write lock (BEGIN IMMEDIATE) keeps another writer out between the decision and the
+  insert.
+"""
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from proxy_addon.exceptions import IllegalTransitionError, JournalUnavailableError, ReceiptNotFoundError, StaleStateError
+from proxy_addon.journal import statements as sql
+from proxy_addon.journal.statements import DriverStatements
+from proxy_addon.rules.records import INTENT_FIELDS, Blocker, BlockKind, Intent, ReceiptRecord, utcnow
+from proxy_addon.rules.states import TERMINAL_STATES, State, is_allowed
+
+RECORD_ATTEMPTS = 3  # decisions lost to a concurrent writer's insert (another proxy) before giving up
+# what `advance` may change besides the state (everything else is fixed once the receipt is recorded)
+UPDATABLE = frozenset(
+    {
+        "status_code",
+        "external_id",
+        "error_code",
+        "error_message",
+        "submitted_at",
+        "completed_at",
+        "response_headers",
+        "response_body",
+        "response_body_truncated",
+        "response_body_redacted",
+        "reconcile_attempts",
+        "next_attempt_at",
+        "lease_owner",
+        "lease_expires_at",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NewReceipt:
+    """An intent to record: as `submitted` by `submitted_by` (the proxy, one commit before it sends), or as
+    `planned` when None (tests and tools). `successes_block_for`: how long (seconds) a success of the same
+    intent stands in its way (duplicates.successes_block_for), None when none does. `at`: the time it is
+    recorded at (created_at, and its history rows'); None: when its statements are built (the writer's way),
+    while the store's general path gives the time it read before its transaction began."""
+
+    intent: Intent
+    successes_block_for: float | None
+    submitted_by: str | None
+    at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A compare-and-set `expected_from -> to` with column updates, and its history row. `owned_by` adds the
+    lease holder to the compare: a worker whose lease expired and was taken over cannot write a verdict over
+    its successor's. `at`: as NewReceipt's (updated_at, and the history row's). Only an allowed transition
+    setting UPDATABLE columns can be made one."""
+
+    operation_id: str
+    expected_from: str
+    to: str
+    detail: dict[str, Any] = field(default_factory=dict)
+    updates: dict[str, Any] = field(default_factory=dict)
+    owned_by: str | None = None
+    at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        expected_from, to = State(self.expected_from), State(self.to)
+        if not is_allowed(expected_from, to):
+            raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
+        unknown = set(self.updates) - UPDATABLE
+        if unknown:
+            raise ValueError(f"transition cannot set {', '.join(sorted(unknown))}")
+        object.__setattr__(self, "expected_from", expected_from.value)  # plain strings for the drivers
+        object.__setattr__(self, "to", to.value)
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+
+class Connection(Protocol):
+    """What the writes need of a connection: a statement run (its text in the driver's parameter style, its
+    parameters as the driver takes them), and a way to send several together."""
+
+    def execute(self, statement: str, params: dict[str, Any]) -> Cursor: ...
+
+    def pipeline(self) -> AbstractContextManager[Any]:
+        """Statements sent within it may go together (one round trip); each is still run in order."""
+        ...
+
+
+class OnDriver:
+    """A Connection that is the DBAPI connection itself (the journal writer's)."""
+
+    __slots__ = ("driver",)
+
+    def __init__(self, driver: Any):
+        self.driver = driver
+
+    def execute(self, statement: str, params: dict[str, Any]) -> Cursor:
+        cursor = self.driver.cursor()
+        cursor.execute(statement, params)
+        return cursor
+
+    def pipeline(self) -> AbstractContextManager[Any]:
+        return self.driver.pipeline()  # psycopg's pipeline mode
+
+
+RECORDED = object()  # `_record_once`: the receipt and its history rows were written
+
+
+class JournalWrites(ABC):
+    """The primitives (module docstring) on one connection, inside its caller's transaction."""
+
+    def __init__(self, connection: Connection, statements: DriverStatements):
+        self.connection = connection
+        self.sql = statements
+
+    @staticmethod
+    def on(connection: Connection, statements: DriverStatements) -> "JournalWrites":
+        """The implementation for the statements' database."""
+        return (PostgresWrites if statements.name == "postgresql" else SQLiteWrites)(connection, statements)
+
+    # -- the primitives ---------------------------------------------------------------------------------------
+
+    def record(self, new: NewReceipt, sent: Cursor | None = None) -> Blocker | None:
+        """The receipt in the way, or None once the intent is written with its history rows. `sent`: the
+        cursor of its first statement, already sent by `pipelined`. Of two writers that decide at once (two
+        proxies on one PostgreSQL), the second's insert finds the first's open receipt in the partial unique
+        index and writes nothing: it is refused by that receipt, or decides again if it closed meanwhile."""
+        for _attempt in range(RECORD_ATTEMPTS):
+            outcome = self._record_once(new, sent)
+            sent = None
+            if outcome is RECORDED:
+                return None
+            if outcome is not None:
+                return outcome  # type: ignore[return-value]
+        raise JournalUnavailableError("could not record the intent: the open-intent index kept changing")
+
+    def advance(self, step: Step, sent: Cursor | None = None) -> None:
+        """Compare-and-set with its history row; StaleStateError or ReceiptNotFoundError (nothing written) if the
+        receipt is in another state (or leased by another) or missing. `sent`: as for `record`."""
+        if self._moved(step, sent):
+            return
+        row = self._execute(sql.STATE_OF, {"operation_id": step.operation_id}).fetchone()
+        if row is None:
+            raise ReceiptNotFoundError(f"no receipt {step.operation_id}")
+        raise StaleStateError(step.operation_id, step.expected_from, row[0])
+
+    def blocker(self, intent: Intent, successes_block_for: float | None) -> Blocker | None:
+        """What stands in the way of this intent now: a reused Idempotency-Key (not the one the proxy injects,
+        a fresh operation id), then the open receipt of the same intent or, when successes block, its latest
+        success within `successes_block_for` that no later write to its target has invalidated (an open one
+        wins). At most two indexed queries."""
+        return self._blocker(_decision(intent, successes_block_for))
+
+    def pipelined(self, writes: Sequence[NewReceipt | Step]) -> list[Cursor | None]:
+        """The first statement of each write sent ahead, for `record` and `advance` to read (None: not sent)."""
+        return [None] * len(writes)
+
+    # -- for the implementations -------------------------------------------------------------------------------
+
+    @abstractmethod
+    def _record_once(self, new: NewReceipt, sent: Cursor | None) -> object:
+        """One decision: RECORDED, the Blocker in the way, or None (lost to a concurrent writer: decide again)."""
+
+    @abstractmethod
+    def _moved(self, step: Step, sent: Cursor | None) -> bool:
+        """The compare-and-set and its history row; False (nothing written) when the compare failed."""
+
+    def _execute(self, statement: str, params: Mapping[str, Any]) -> Cursor:
+        return self.connection.execute(self.sql.sql(statement), self.sql.bound(params))
+
+    def _run(self, rendered: str, params: Mapping[str, Any]) -> Cursor:
+        """A statement already in the driver's parameter style (DriverStatements' rendered ones)."""
+        return self.connection.execute(rendered, self.sql.bound(params))
+
+    def _first_receipt(self, statement: str, params: Mapping[str, Any]) -> ReceiptRecord | None:
+        row = self._execute(statement, params).fetchone()
+        return None if row is None else ReceiptRecord(**self.sql.receipt(tuple(row)))
+
+    def _blocker(self, decision: dict[str, Any]) -> Blocker | None:
+        if "key" in decision:
+            other = self._first_receipt(sql.KEY_MISMATCH, decision)
+            if other is not None:
+                return Blocker(BlockKind.KEY_MISMATCH, other)
+        found = self._first_receipt(sql.OPEN_OR_SUCCEEDED if "since" in decision else sql.OPEN, decision)
+        if found is None:
+            return None
+        return Blocker(BlockKind.SUCCEEDED if found.state == State.SUCCEEDED.value else BlockKind.OPEN, found)
+
+    def _open_receipt(self, decision: dict[str, Any]) -> Blocker | None:
+        found = self._first_receipt(sql.OPEN, decision)
+        return None if found is None else Blocker(BlockKind.OPEN, found)
+
+
+class SQLiteWrites(JournalWrites):
+    """Decide, then write, statement by statement (module docstring)."""
+
+    def _record_once(self, new: NewReceipt, sent: Cursor | None) -> object:
+        decision = _decision(new.intent, new.successes_block_for)
+        blocker = self._blocker(decision)
+        if blocker is not None:
+            return blocker
+        row, history = _new_rows(new)
+        if self._execute(sql.INSERT_RECEIPT, row).rowcount == 1:
+            for history_row in history:
+                self._execute(sql.INSERT_TRANSITION, history_row)
+            return RECORDED
+        return self._open_receipt(decision)
+
+    def _moved(self, step: Step, sent: Cursor | None) -> bool:
+        columns, params = _step_params(step)
+        if self._run(self.sql.compare_and_set(columns, step.owned_by is not None), params).rowcount != 1:
+            return False
+        history = {"operation_id": step.operation_id, "from_state": step.expected_from, "to_state": step.to}
+        self._execute(sql.INSERT_TRANSITION, {**history, "recorded_at": params["recorded_at"], "detail": step.detail})
+        return True
+
+
+class PostgresWrites(JournalWrites):
+    """Each write one statement; a batch's statements pipelined (module docstring)."""
+
+    def pipelined(self, writes: Sequence[NewReceipt | Step]) -> list[Cursor | None]:
+        """The first statement of each write, all sent at once: one round trip for a batch instead of one per
+        write. They run in order in the batch's transaction, each seeing the ones before it, as if sent one by
+        one; `record` and `advance` then read what each did from its cursor.
+
+        A record that something stood in the way of reads that blocker once the batch's statements have run: it
+        is refused by (or replays) what stands in its way then, or, if nothing does any more, decides again.
+        Either is a valid order for writes that were in flight together, and every decision to write is still
+        one statement that sees everything before it."""
+        if len(writes) < 2:
+            return [None] * len(writes)
+        with self.connection.pipeline():
+            return [self._send_record(w) if isinstance(w, NewReceipt) else self._send_advance(w) for w in writes]
+
+    def _record_once(self, new: NewReceipt, sent: Cursor | None) -> object:
+        if (sent if sent is not None else self._send_record(new)).rowcount > 0:
+            return RECORDED
+        return self._blocker(_decision(new.intent, new.successes_block_for))  # None: it closed since
+
+    def _moved(self, step: Step, sent: Cursor | None) -> bool:
+        return (sent if sent is not None else self._send_advance(step)).rowcount == 1
+
+    def _send_record(self, new: NewReceipt) -> Cursor:
+        """Its cursor: a row count above 0 says the receipt and its history rows were written."""
+        decision = _decision(new.intent, new.successes_block_for)
+        row, history = _new_rows(new)
+        statement = self.sql.record_unless_blocked("key" in decision, "since" in decision, new.submitted_by is not None)
+        details = {"created_detail": history[0]["detail"], "recorded_at": history[0]["recorded_at"]}
+        if len(history) > 1:
+            details["submitted_detail"] = history[1]["detail"]
+        return self._run(statement, {**decision, **row, **details})
+
+    def _send_advance(self, step: Step) -> Cursor:
+        """Its cursor: a row count of 1 says it moved."""
+        columns, params = _step_params(step)
+        return self._run(self.sql.advance_in_one(columns, step.owned_by is not None), params)
+
+
+def _decision(intent: Intent, successes_block_for: float | None) -> dict[str, Any]:
+    """The decision's parameters: `key` when a reused key must be looked for, `since` when successes block."""
+    params: dict[str, Any] = {"account": intent.account, "fingerprint": intent.intent_fingerprint}
+    if intent.idempotency_key is not None and intent.idempotency_key != intent.operation_id:
+        params["key"] = intent.idempotency_key
+    if successes_block_for is not None:
+        params["since"] = utcnow() - timedelta(seconds=successes_block_for)
+    return params
+
+
+def _new_rows(new: NewReceipt) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The receipt's row and its history rows, written at one time."""
+    intent, now = new.intent, new.at or utcnow()
+    row = {name: getattr(intent, name) for name in INTENT_FIELDS}
+    row.update(state=State.PLANNED.value, created_at=now, updated_at=now, submitted_at=None)
+    created = {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint}
+    history: list[dict[str, Any]] = [
+        {"operation_id": intent.operation_id, "from_state": None, "to_state": State.PLANNED.value, "recorded_at": now, "detail": created}
+    ]
+    if new.submitted_by is not None:
+        row.update(state=State.SUBMITTED.value, submitted_at=now)
+        step = {"from_state": State.PLANNED.value, "to_state": State.SUBMITTED.value, "detail": {"who": new.submitted_by}}
+        history.append({**history[0], **step})
+    return row, history
+
+
+def _step_params(step: Step) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The columns the step sets besides its state (submitted_at and completed_at by default when it enters
+    those states), and the statement's parameters."""
+    now = step.at or utcnow()
+    updates = dict(step.updates)
+    if step.to == State.SUBMITTED.value:
+        updates.setdefault("submitted_at", now)
+    if State(step.to) in TERMINAL_STATES:
+        updates.setdefault("completed_at", now)
+    params = {**updates, "state": step.to, "updated_at": now, "recorded_at": now, "detail": step.detail}
+    params.update(operation_id=step.operation_id, expected_from=step.expected_from)
+    if step.owned_by is not None:
+        params["owned_by"] = step.owned_by
+    return tuple(sorted(updates)), params
