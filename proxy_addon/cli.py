@@ -342,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen-port", type=int, default=8080)
     p.add_argument("--confdir", default=None, help="mitmproxy's directory for its CA, as given to receipts proxy (default ~/.mitmproxy)")
 
+    _add_receipt_commands(command)
+    return parser
+
+
+def _add_receipt_commands(command: Callable[..., Any]) -> None:
+    """The commands over the receipts: reconcile, ls, show, resolve, admin, scrub, stats, prune."""
     p = command("reconcile", cmd_reconcile, "resolve outcome_unknown receipts by reading the upstream")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="one pass over the queue, then exit")
@@ -381,7 +387,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("prune", cmd_prune, "delete terminal receipts older than DURATION (never an open one)")
     p.add_argument("--older-than", required=True, type=_duration_arg)
     p.add_argument("--json", action="store_true")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
