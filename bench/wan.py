@@ -1,4 +1,4 @@
-"""The WAN mode: what a journaled HTTPS write costs when the upstream is a round trip away (issue 24).
+"""The WAN mode: what a journaled HTTPS write costs when the upstream is a round trip away.
 
     python bench/wan.py --rtt 20ms --protocol h1,h2 --requests 200 --concurrency 1,8 --rounds 3 --out /tmp/wan
     python bench/wan.py --smoke --out /tmp/wan-smoke     # a few seconds; what tests/e2e/test_bench_smoke.py runs

@@ -23,14 +23,14 @@ class ReceiptStore:
         from proxy_addon.store.database import Database
         from proxy_addon.store.instances import Instances
         from proxy_addon.store.queue import ReconcileQueue
-        from proxy_addon.store.receipts import Receipts
+        from proxy_addon.store.receipts import StoredReceipts
         from proxy_addon.store.refusals import Refusals
         from proxy_addon.store.retention import Retention
         from proxy_addon.store.scrub import Scrubber
 
         self.engine = engine
         self.db = Database(engine)
-        self.receipts = Receipts(self.db)
+        self.receipts = StoredReceipts(self.db)
         self.instances = Instances(self.db, self.receipts)
         self.queue = ReconcileQueue(self.db, self.receipts)
         self.refusals = Refusals(self.db)

@@ -13,7 +13,7 @@ from proxy_addon.exceptions import StaleStateError
 from proxy_addon.rules.records import Recovered
 from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
-from proxy_addon.store.receipts import Receipts, receipts
+from proxy_addon.store.receipts import StoredReceipts, receipts
 from proxy_addon.store.tables import ProxyInstance
 
 instances: Table = ProxyInstance.__table__  # type: ignore[assignment]
@@ -30,7 +30,7 @@ def _needs_recovery() -> ColumnElement[bool]:
 
 
 class Instances:
-    def __init__(self, db: Database, receipts_: Receipts):
+    def __init__(self, db: Database, receipts_: StoredReceipts):
         self.db = db
         self.receipts = receipts_
 

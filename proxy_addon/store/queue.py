@@ -10,11 +10,11 @@ from proxy_addon.exceptions import StaleStateError
 from proxy_addon.rules.records import ReceiptRecord, utcnow
 from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
-from proxy_addon.store.receipts import Receipts, receipts, transitions
+from proxy_addon.store.receipts import StoredReceipts, receipts, transitions
 
 
 class ReconcileQueue:
-    def __init__(self, db: Database, receipts_: Receipts):
+    def __init__(self, db: Database, receipts_: StoredReceipts):
         self.db = db
         self.receipts = receipts_
 

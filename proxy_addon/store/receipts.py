@@ -1,4 +1,4 @@
-"""Receipts: the general write path, and the reads of receipts and their history.
+"""StoredReceipts: the general write path, and the reads of receipts and their history.
 
 The proxy's own writes go through its journal writer process (proxy_addon/journal/); this is the path
 everything else takes (the CLI, the reconciler, recovery, a person's review, the proxy's fallbacks, tests).
@@ -40,7 +40,7 @@ receipts: Table = Receipt.__table__  # type: ignore[assignment]
 transitions: Table = ReceiptTransition.__table__  # type: ignore[assignment]
 
 
-class Receipts:
+class StoredReceipts:
     def __init__(self, db: Database):
         self.db = db
         self.statements = DriverStatements(db.engine.dialect)
