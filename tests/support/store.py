@@ -1,11 +1,16 @@
 """Helpers shared by the store tests: intents with fresh fingerprints, and walking a receipt along the contract."""
 
+import shutil
 import uuid
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from sqlalchemy import Table, func, select
 
 from proxy_addon.config import AfterSuccess
+from proxy_addon.db import make_engine
 from proxy_addon.rules.records import Intent, ReceiptRecord, utcnow
 from proxy_addon.rules.states import ALLOWED_TRANSITIONS, State
 from proxy_addon.store import ReceiptStore
@@ -69,3 +74,23 @@ def raw_row(fingerprint: str, account: str = "acct:alice", state: str = "submitt
     return dict(operation_id="op_raw_" + uuid.uuid4().hex[:8], operation="raw", method="POST", scheme="https",
                 host="api.example.com", port=443, path="/raw", intent_fingerprint=fingerprint, account=account,
                 state=state, created_at=now, updated_at=now)
+
+
+def migrated_sqlite(directory: Path) -> Path:
+    """A SQLite file migrated to head once, to be copied for each test (quicker than migrating each time)."""
+    from support.e2e import migrate
+
+    path = directory / "template.db"
+    migrate(f"sqlite:///{path}")
+    return path
+
+
+@contextmanager
+def store_copied_from(template: Path, path: Path) -> Iterator[ReceiptStore]:
+    """A store of its own on a copy of `template`."""
+    shutil.copyfile(template, path)
+    engine = make_engine(f"sqlite:///{path}")
+    try:
+        yield ReceiptStore(engine)
+    finally:
+        engine.dispose()

@@ -5,7 +5,6 @@ instance is dead, and what recovery writes: test_recovery.py."""
 
 import asyncio
 import os
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,12 +12,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from support.e2e import migrate
-from support.store import S, intent, recorded, walk
+from support.store import S, intent, migrated_sqlite, recorded, store_copied_from, walk
 
 from proxy_addon.addons.heartbeat import Heartbeat
 from proxy_addon.config import parse_config
-from proxy_addon.db import make_engine
 from proxy_addon.recovery import InstanceLiveness, process_namespace
 from proxy_addon.store import ReceiptStore
 
@@ -27,18 +24,13 @@ HOUR = 3600.0
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("heartbeat") / "template.db"
-    migrate(f"sqlite:///{path}")
-    return path
+    return migrated_sqlite(tmp_path_factory.mktemp("heartbeat"))
 
 
 @pytest.fixture
 def store(template: Path, tmp_path: Path) -> Iterator[ReceiptStore]:
-    path = tmp_path / "receipts.db"
-    shutil.copyfile(template, path)
-    engine = make_engine(f"sqlite:///{path}")
-    yield ReceiptStore(engine)
-    engine.dispose()
+    with store_copied_from(template, tmp_path / "receipts.db") as store:
+        yield store
 
 
 @pytest.fixture

@@ -6,17 +6,14 @@ databases: test_store_recovery.py."""
 import asyncio
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from support.e2e import migrate
-from support.store import S, intent, recorded, walk
+from support.store import S, intent, migrated_sqlite, recorded, store_copied_from, walk
 
-from proxy_addon.db import make_engine
 from proxy_addon.recovery import InstanceLiveness, new_instance_id, pid_alive, process_namespace
 from proxy_addon.store import ReceiptStore
 
@@ -25,19 +22,14 @@ HOUR = 3600.0
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("recovery") / "template.db"
-    migrate(f"sqlite:///{path}")
-    return path
+    return migrated_sqlite(tmp_path_factory.mktemp("recovery"))
 
 
 @pytest.fixture
 def store(template: Path, tmp_path: Path) -> Iterator[ReceiptStore]:
     """A journal of its own for each test (instances are global to a journal), copied from one migrated file."""
-    path = tmp_path / "receipts.db"
-    shutil.copyfile(template, path)
-    engine = make_engine(f"sqlite:///{path}")
-    yield ReceiptStore(engine)
-    engine.dispose()
+    with store_copied_from(template, tmp_path / "receipts.db") as store:
+        yield store
 
 
 @pytest.fixture(scope="module")
