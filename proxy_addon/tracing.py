@@ -106,7 +106,7 @@ async def traced_write(facts: "RequestFacts", handle: Callable[["RequestFacts"],
     assert _tracer is not None
     span = _tracer.start_span(
         _write_name(facts, None),
-        context=_agent_context(facts.headers),
+        context=_agent_context(facts),
         kind=trace.SpanKind.CLIENT,
         attributes=_request_attributes(facts),
     )
@@ -150,13 +150,16 @@ def _write_name(facts: "RequestFacts", operation: str | None) -> str:
     return f"receipts {scrub_text(operation) if operation else facts.method}"
 
 
-def _agent_context(headers: Sequence[tuple[str, str]]) -> Any:
-    """The agent's trace context, from its `traceparent` (and `tracestate`) header; None: a root span."""
+def _agent_context(facts: "RequestFacts") -> Any:
+    """The agent's trace context: its `traceparent` (and `tracestate`) header, else what its protocol carries
+    (an MCP call's `params._meta`); None: a root span."""
     carrier: dict[str, str] = {}
-    for name, value in headers:
+    for name, value in facts.headers:
         lower = name.lower()
         if lower in ("traceparent", "tracestate") and lower not in carrier:
             carrier[lower] = value
+    if "traceparent" not in carrier:
+        carrier = dict(getattr(facts.call, "trace_context", ()))
     if "traceparent" not in carrier:
         return None
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator

@@ -14,12 +14,15 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
+from opentelemetry import context, trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from support.asgi import AsgiServer, serve_asgi
 from support.e2e import migrate, open_store, proxy_client, stop_process, tag
 from support.mcp_server import TicketDesk, mcp_client
@@ -89,6 +92,17 @@ def agent_trace() -> tuple[str, str, str]:
     return trace_id, span_id, f"00-{trace_id}-{span_id}-01"
 
 
+@contextmanager
+def agent_span(trace_id: str, span_id: str) -> Iterator[None]:
+    """The agent's span current (OpenTelemetry's API only, no SDK in this process), as an instrumented agent has it."""
+    span = NonRecordingSpan(SpanContext(int(trace_id, 16), int(span_id, 16), False, TraceFlags(TraceFlags.SAMPLED)))
+    token = context.attach(trace.set_span_in_context(span))
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
 def the_span_of(env: Env, trace_id: str) -> ReceivedSpan:
     """The one span the proxy exported in this agent's trace."""
     spans = env.receiver.wait_for(lambda s: s.trace_id == trace_id)
@@ -134,15 +148,22 @@ def test_a_rest_write_is_one_span_child_of_the_agents_with_nothing_secret(env: E
     assert sent.headers["traceparent"] == traceparent  # forwarded as the agent sent it
 
 
-def test_an_mcp_tool_call_is_an_execute_tool_span(env: Env):
+@pytest.mark.parametrize("carried", ["header", "_meta"])
+def test_an_mcp_tool_call_is_an_execute_tool_span(env: Env, carried: str):
+    """The agent's trace context in a `traceparent` header, or where the MCP SDK itself puts it: `params._meta`."""
     trace_id, parent, traceparent = agent_trace()
+    headers = {"traceparent": traceparent} if carried == "header" else None
 
     async def call() -> None:
-        async with mcp_client(env.proxy_url, f"{env.mcp.base}/mcp", headers={"traceparent": traceparent}) as client:
+        async with mcp_client(env.proxy_url, f"{env.mcp.base}/mcp", headers=headers) as client:
             await client.list_tools()  # passes through: no span
             await client.call_tool("create_ticket", {"title": f"ticket {tag()}"})
 
-    asyncio.run(call())
+    if carried == "header":
+        asyncio.run(call())
+    else:
+        with agent_span(trace_id, parent):  # the SDK injects the current span's context into each request's _meta
+            asyncio.run(call())
 
     span = the_span_of(env, trace_id)
     assert (span.name, span.parent_span_id) == ("execute_tool create_ticket", parent)
