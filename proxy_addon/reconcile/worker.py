@@ -13,10 +13,11 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
-from proxy_addon import metrics
+from proxy_addon import metrics, tracing
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.exceptions import ReadNotPossibleError, StaleStateError, UnreadableRuleError
 from proxy_addon.log import configure_logging, get_logger
@@ -127,6 +128,17 @@ class Reconciler:
 
     async def reconcile(self, receipt: ReceiptRecord) -> str:
         """Read one leased receipt's upstream by its rule and record the verdict; returns the state given."""
+        if not tracing.enabled:
+            return (await self._settle(receipt))[0]
+        # the write span's context is in the verdict row the proxy wrote (`traceparent` in its detail)
+        history = await asyncio.to_thread(self.store.receipts.history, receipt.operation_id)
+        with tracing.verdict_span(receipt, history, self.worker_id) as span:
+            state, detail = await self._settle(receipt)
+            tracing.end_verdict(span, state, detail)
+        return state
+
+    async def _settle(self, receipt: ReceiptRecord) -> tuple[str, dict[str, Any]]:
+        """The verdict read and recorded: the state given, and the detail its history row holds."""
         verdict = await self._verdict(receipt)
         unknown_for = round((utcnow() - (receipt.submitted_at or receipt.created_at)).total_seconds(), 1)
         detail = {"who": self.worker_id, "unknown_for_seconds": unknown_for, **verdict.detail}
@@ -141,7 +153,7 @@ class Reconciler:
         )
         log.info("reconcile_verdict", operation_id=receipt.operation_id, state=verdict.state.value, result=detail.get("result"))
         metrics.reconcile_verdict(verdict.state)
-        return verdict.state.value
+        return verdict.state.value, detail
 
     async def _verdict(self, receipt: ReceiptRecord) -> Verdict:
         policy = self.config.policy_for(receipt.host, receipt.port)
@@ -170,10 +182,14 @@ def run_reconcile(config: ReceiptsConfig, store: ReceiptStore, once: bool) -> in
     """Entry point of `receipts reconcile --once | --loop`."""
     configure_logging(config.logging.level, config.logging.format)
     reconciler = Reconciler(config, store)
-    if once:
-        report = asyncio.run(reconciler.run_once())
-        print(report.summary())
+    tracing.set_up()  # from the OTEL_* variables; off unless they ask for it
+    try:
+        if once:
+            report = asyncio.run(reconciler.run_once())
+            print(report.summary())
+            return 0
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(reconciler.run_forever())
         return 0
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(reconciler.run_forever())
-    return 0
+    finally:
+        tracing.shut_down()  # the verdict spans still queued are exported before the command ends

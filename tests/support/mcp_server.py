@@ -99,9 +99,12 @@ class TicketDesk:
 
 
 @asynccontextmanager
-async def mcp_client(proxy_url: str, url: str, mode: str = "auto", **kw: Any) -> AsyncIterator[Client]:
-    """The SDK's client for `url`, through the proxy (its own HTTP client, told where the proxy is)."""
-    http = httpx2.AsyncClient(proxy=proxy_url, timeout=httpx2.Timeout(30.0, read=60.0))
+async def mcp_client(
+    proxy_url: str, url: str, mode: str = "auto", headers: dict[str, str] | None = None, **kw: Any
+) -> AsyncIterator[Client]:
+    """The SDK's client for `url`, through the proxy (its own HTTP client, told where the proxy is, sending
+    `headers` with every request)."""
+    http = httpx2.AsyncClient(proxy=proxy_url, timeout=httpx2.Timeout(30.0, read=60.0), headers=headers)
     async with http, Client(streamable_http_client(url, http_client=http), mode=mode, **kw) as client:
         yield client
 
