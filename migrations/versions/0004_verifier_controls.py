@@ -27,6 +27,7 @@ def upgrade() -> None:
     sa.Column('port', sa.Integer(), nullable=False),
     sa.Column('operation', sa.Text(), nullable=False),
     sa.Column('account', sa.String(length=80), nullable=False),
+    sa.Column('rule', sa.String(length=80), nullable=False),
     sa.Column('control', sa.String(length=16), nullable=False),
     sa.Column('result', sa.String(length=24), nullable=False),
     sa.Column('known_operation_id', sa.String(length=64), nullable=True),
@@ -39,7 +40,7 @@ def upgrade() -> None:
     with op.batch_alter_table('verifier_controls', schema=None) as batch_op:
         batch_op.create_index('ix_verifier_controls_checked_at', ['checked_at'], unique=False)
         batch_op.create_index('ix_verifier_controls_rule',
-                              ['host', 'port', 'operation', 'account', 'control', 'checked_at'], unique=False)
+                              ['host', 'port', 'operation', 'account', 'rule', 'control', 'checked_at'], unique=False)
 
 
 def downgrade() -> None:

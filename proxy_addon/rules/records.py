@@ -139,6 +139,7 @@ class ControlRunRecord:
     port: int
     operation: str
     account: str
+    rule: str  # the rule's digest (reconcile/controls.py, rule_digest): runs of an edited rule prove nothing
     control: str  # ControlKind
     result: str  # ControlResult
     known_operation_id: str | None = None  # the succeeded receipt a positive control was run on

@@ -12,7 +12,7 @@ from proxy_addon.store.tables import Receipt, VerifierControl
 
 controls: Table = VerifierControl.__table__  # type: ignore[assignment]
 receipts: Table = Receipt.__table__  # type: ignore[assignment]
-_COLUMNS = ("checked_at", "host", "port", "operation", "account", "control", "result", "known_operation_id", "evidence")
+_COLUMNS = ("checked_at", "host", "port", "operation", "account", "rule", "control", "result", "known_operation_id", "evidence")
 
 
 class ControlRuns:
@@ -26,8 +26,8 @@ class ControlRuns:
         with self.db.writing() as conn:
             conn.execute(insert(controls), [{c: getattr(run, c) for c in _COLUMNS} for run in runs])
 
-    def latest(self, host: str, port: int, operation: str, account: str, control: str) -> ControlRunRecord | None:
-        """The newest run of one control for one rule, host and account, whatever its result."""
+    def latest(self, host: str, port: int, operation: str, account: str, rule: str, control: str) -> ControlRunRecord | None:
+        """The newest run of one control for one rule (as written now), host and account, whatever its result."""
         q = (
             select(controls)
             .where(
@@ -35,6 +35,7 @@ class ControlRuns:
                 controls.c.port == port,
                 controls.c.operation == operation,
                 controls.c.account == account,
+                controls.c.rule == rule,
                 controls.c.control == control,
             )
             .order_by(controls.c.checked_at.desc(), controls.c.id.desc())
@@ -48,7 +49,9 @@ class ControlRuns:
         """The newest run of every control of every rule, host and account: the rules' health."""
         newest = (
             select(func.max(controls.c.id).label("id"))
-            .group_by(controls.c.host, controls.c.port, controls.c.operation, controls.c.account, controls.c.control)
+            .group_by(
+                controls.c.host, controls.c.port, controls.c.operation, controls.c.account, controls.c.rule, controls.c.control
+            )
             .subquery()
         )
         q = select(controls).where(controls.c.id.in_(select(newest.c.id))).order_by(controls.c.host, controls.c.operation)

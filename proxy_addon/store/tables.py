@@ -212,6 +212,7 @@ class VerifierControl(Base):
     port: Mapped[int] = mapped_column(Integer)
     operation: Mapped[str] = mapped_column(Text)
     account: Mapped[str] = mapped_column(String(80))
+    rule: Mapped[str] = mapped_column(String(80))  # the rule's digest: an edited rule is not proven by the old one's runs
     control: Mapped[str] = mapped_column(String(16))
     result: Mapped[str] = mapped_column(String(24))
     known_operation_id: Mapped[str | None] = mapped_column(String(64))
@@ -220,6 +221,6 @@ class VerifierControl(Base):
     __table_args__ = (
         CheckConstraint(f"control IN ({_CONTROL_LIST})", name="control"),
         CheckConstraint(f"result IN ({_CONTROL_RESULT_LIST})", name="result"),
-        Index("ix_verifier_controls_rule", "host", "port", "operation", "account", "control", "checked_at"),
+        Index("ix_verifier_controls_rule", "host", "port", "operation", "account", "rule", "control", "checked_at"),
         Index("ix_verifier_controls_checked_at", "checked_at"),
     )
