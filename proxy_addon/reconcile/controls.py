@@ -17,7 +17,6 @@ that is the fingerprint's and the twins rule's (several candidates go to a perso
 """
 
 import asyncio
-import hashlib
 import json
 import secrets
 from collections.abc import Callable
@@ -29,7 +28,6 @@ from proxy_addon.config import HostPolicy
 from proxy_addon.reconcile.decide import Found, ReadOutcome
 from proxy_addon.reconcile.rules import request_document
 from proxy_addon.reconcile.strategies import Strategy, read_outcome
-from proxy_addon.rules.fingerprint import canonical_json
 from proxy_addon.rules.operations import PLACEHOLDER_RE, OperationRule, ReconcileRule, template_placeholders
 from proxy_addon.rules.records import ControlRunRecord, ReceiptRecord, Verdict
 from proxy_addon.rules.states import ControlKind, ControlResult, State
@@ -124,18 +122,10 @@ class RuleTarget:
     policy: HostPolicy
     base: ReceiptRecord  # the values a probe is made from: the receipt being reconciled, or a known success
 
-    @property
-    def digest(self) -> str:
-        return rule_digest(self.rule)
-
     def run(self, control: ControlKind, result: ControlResult, at: datetime, **kw: Any) -> ControlRunRecord:
         b = self.base
-        return ControlRunRecord(at, b.host, b.port, b.operation, b.account, self.digest, control.value, result.value, **kw)
+        return ControlRunRecord(at, b.host, b.port, b.operation, b.account, self.rule.digest, control.value, result.value, **kw)
 
-
-def rule_digest(rule: ReconcileRule) -> str:
-    """The rule as written: runs of a rule since edited prove nothing about it."""
-    return "sha256:" + hashlib.sha256(canonical_json(rule.model_dump(mode="json")).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -179,7 +169,7 @@ class VerifierControls:
         """What a verdict rests on: the runs on record that still prove the rule, and the others run now.
         Receipts of one rule and account reconciled at once wait for one run rather than each making its own."""
         b = target.base
-        async with self._running.setdefault((b.host, b.port, b.operation, b.account, target.digest), asyncio.Lock()):
+        async with self._running.setdefault((b.host, b.port, b.operation, b.account, target.rule.digest), asyncio.Lock()):
             on_record = await self.proof_on_record(target, needs)
             stale = needs - on_record.keys()
             ran = await self.run(target, stale) if stale else []
@@ -191,7 +181,7 @@ class VerifierControls:
 
     def _on_record(self, target: RuleTarget, needs: frozenset[ControlKind]) -> dict[ControlKind, ControlRunRecord]:
         now, b = self.now(), target.base
-        latest = {kind: self.store.controls.latest(b.host, b.port, b.operation, b.account, target.digest, kind) for kind in needs}
+        latest = {kind: self.store.controls.latest(b.host, b.port, b.operation, b.account, target.rule.digest, kind) for kind in needs}
         return {kind: run for kind, run in latest.items() if run is not None and fresh(run, now, target.rule.controls.max_age)}
 
     async def run(self, target: RuleTarget, which: frozenset[ControlKind]) -> list[ControlRunRecord]:

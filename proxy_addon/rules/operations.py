@@ -1,6 +1,8 @@
 """Operation rules: the per-route settings of config.yaml (path templates, what identifies a write, where its
 external id is, how the reconciler reads it), validated at load with one line naming what is wrong."""
 
+import hashlib
+import json
 import re
 from functools import cached_property
 from typing import Any, Literal
@@ -96,6 +98,12 @@ class ReconcileRule(StrictModel):
         if self.body is not None and self.method != "POST":
             raise ValueError("body is sent only with method POST")
         return self
+
+    @cached_property
+    def digest(self) -> str:
+        """The rule as written: the verifier controls' runs of a rule since edited prove nothing about it."""
+        written = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(written.encode()).hexdigest()
 
     @cached_property
     def match_paths(self) -> list[tuple[JsonPath, JsonPath]]:

@@ -83,14 +83,3 @@ class ControlRuns:
         with self.db.storage_errors(), self.db.reading() as conn:
             row = conn.execute(q).first()
         return None if row is None else ReceiptRecord.from_row(row)
-
-    def recent_successes(self, limit: int = 1000) -> list[ReceiptRecord]:
-        """The newest succeeded receipts, newest first: where `receipts rules check` finds each rule's known effect."""
-        q = (
-            select(receipts)
-            .where(receipts.c.state == State.SUCCEEDED.value)
-            .order_by(receipts.c.completed_at.desc(), receipts.c.operation_id.desc())
-            .limit(limit)
-        )
-        with self.db.storage_errors(), self.db.reading() as conn:
-            return [ReceiptRecord.from_row(r) for r in conn.execute(q)]

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.json_server import JsonServer, Writes, config_for, json_server, post
+from support.json_server import JsonServer, Writes, config_for, config_text, json_server, post
 from support.store import migrated_sqlite, store_copied_from
 
+from proxy_addon.cli import main
+from proxy_addon.config import load_config
 from proxy_addon.reconcile.worker import Reconciler
 from proxy_addon.store import ReceiptStore
 
@@ -115,3 +117,57 @@ def test_without_a_known_success_presence_still_stands_on_the_negative_control(s
 
     assert store.receipts.get(op).state == "succeeded"
     assert [c["control"] for c in store.receipts.history(op)[-1].detail["controls"]] == ["negative"]
+
+
+# -- receipts rules check ----------------------------------------------------------------------------------------
+
+UNUSED = {"name": "comments.create", "method": "POST", "path": "/comments", "external_id": "$.id", "reconcile": SEARCH}
+
+
+def rules_check(config_path: Path, database_url: str, capsys, monkeypatch) -> list[dict[str, Any]]:
+    monkeypatch.setenv("RECEIPTS_DATABASE_URL", database_url)
+    assert main(["rules", "check", "--json", "--config", str(config_path)]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_rules_check_proves_a_rule_before_any_unknown_needs_it(server, template, tmp_path, capsys, monkeypatch):
+    config_path, database = tmp_path / "config.yaml", tmp_path / "receipts.db"
+    with store_copied_from(template, database) as store:
+        broken = {**SEARCH, "url": "{scheme}://{netloc}/comments?title={body.title}&_limit=3"}
+        config_path.write_text(config_text(server, tmp_path, broken, UNUSED))
+        known = Writes(server, store, load_config(config_path)).succeeded(post("known"))
+        url = f"sqlite:///{database}"
+
+        first = {h["operation"]: h for h in rules_check(config_path, url, capsys, monkeypatch)}
+
+        assert set(first) == {"posts.create", "comments.create"}
+        rule = first["posts.create"]
+        assert (rule["host"], rule["proven"]) == (f"127.0.0.1:{server.port}", False)
+        assert (rule["positive"]["result"], rule["negative"]["result"]) == ("failed", "passed")
+        assert rule["positive"]["known_operation_id"] == known and rule["positive"]["checked_at"]
+        evidence = rule["positive"]["evidence"]
+        assert evidence["found"] == "absent" and evidence["reads"][0]["url"].startswith(f"{server.base}/comments?title=")
+        unused = first["comments.create"]
+        assert (unused["proven"], unused["positive"]["result"], unused["negative"]["result"]) == (False, "not_run", "not_run")
+
+        config_path.write_text(config_text(server, tmp_path, SEARCH, UNUSED))  # the slip fixed
+        fixed = {h["operation"]: h for h in rules_check(config_path, url, capsys, monkeypatch)}["posts.create"]
+        assert (fixed["proven"], fixed["positive"]["result"], fixed["negative"]["result"]) == (True, "passed", "passed")
+        assert fixed["positive"]["evidence"]["matched_id"] == store.receipts.get(known).external_id
+
+        runs = len(store.controls.history())
+        op = Writes(server, store, load_config(config_path)).unknown(post("unknown"), committed=False)
+        asyncio.run(Reconciler(load_config(config_path), store).run_once())
+        assert store.receipts.get(op).state == "safe_to_retry"  # on the check's proof: no control ran again
+        assert len(store.controls.history()) == runs == 4
+
+
+def test_rules_check_prints_a_table(server, template, tmp_path, capsys, monkeypatch):
+    config_path, database = tmp_path / "config.yaml", tmp_path / "receipts.db"
+    with store_copied_from(template, database):
+        config_path.write_text(config_text(server, tmp_path, SEARCH))
+        monkeypatch.setenv("RECEIPTS_DATABASE_URL", f"sqlite:///{database}")
+        monkeypatch.setenv("COLUMNS", "200")
+        assert main(["rules", "check", "--config", str(config_path)]) == 0
+    out = capsys.readouterr().out
+    assert "read rules" in out and "posts.create" in out and "NO" in out and "not run" in out

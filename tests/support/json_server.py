@@ -83,17 +83,20 @@ def create_rule(reconcile: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def config_for(server: JsonServer, directory: Path, reconcile: dict[str, Any]) -> ReceiptsConfig:
-    return parse_config(
-        yaml.safe_dump(
-            {
-                "secret_file": str(directory / "secret"),
-                "reconcile": {"per_host_rate": 1000, "backoff": "50ms"},
-                "logging": {"level": "warning", "format": "json"},
-                "hosts": {f"127.0.0.1:{server.port}": {"operations": [create_rule(reconcile)]}},
-            }
-        )
+def config_text(server: JsonServer, directory: Path, reconcile: dict[str, Any], *more: dict[str, Any]) -> str:
+    """config.yaml with the create rule reading by `reconcile`, and any other operation rules."""
+    return yaml.safe_dump(
+        {
+            "secret_file": str(directory / "secret"),
+            "reconcile": {"per_host_rate": 1000, "backoff": "50ms"},
+            "logging": {"level": "warning", "format": "json"},
+            "hosts": {f"127.0.0.1:{server.port}": {"operations": [create_rule(reconcile), *more]}},
+        }
     )
+
+
+def config_for(server: JsonServer, directory: Path, reconcile: dict[str, Any]) -> ReceiptsConfig:
+    return parse_config(config_text(server, directory, reconcile))
 
 
 class Writes:
