@@ -10,6 +10,7 @@ from proxy_addon.config import ReceiptsConfig
 from proxy_addon.rules.operations import ControlSettings
 from proxy_addon.rules.records import ControlRunRecord
 from proxy_addon.rules.states import ControlKind
+from proxy_addon.store import ReceiptStore
 
 DEFAULT_MAX_AGE = ControlSettings().max_age
 MaxAge = Callable[[ControlRunRecord], float]
@@ -23,6 +24,11 @@ class RuleHealth:
     positive: ControlRunRecord | None = None
     negative: ControlRunRecord | None = None
     note: str | None = None  # why a control was not run
+
+    @property
+    def failing(self) -> bool:
+        """A control's newest run did not pass (however old it is: a stale proof is renewed before a verdict)."""
+        return not (self.positive and self.positive.passed and self.negative and self.negative.passed)
 
     def document(self) -> dict[str, Any]:
         return {
@@ -83,3 +89,13 @@ def rows(health: Iterable[RuleHealth]) -> list[tuple[Any, ...]]:
         return "not run" if run is None else f"{run.result} {run.checked_at.isoformat(timespec='seconds')}"
 
     return [(h.host, h.operation, "yes" if h.proven else "NO", cell(h.positive), cell(h.negative)) for h in health]
+
+
+def stored_health(store: ReceiptStore, config: ReceiptsConfig) -> list[RuleHealth]:
+    """The rules' health from the runs on record (the review page): nothing is run."""
+    return health_of(store.controls.latest_of_each(), store.db.now(), max_age_in(config))
+
+
+def unproven_rules(store: ReceiptStore) -> int:
+    """The metric: rules whose controls' newest runs did not both pass."""
+    return sum(h.failing for h in health_of(store.controls.latest_of_each(), store.db.now(), lambda _run: DEFAULT_MAX_AGE))

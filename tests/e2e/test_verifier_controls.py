@@ -17,8 +17,9 @@ import pytest
 from support.json_server import JsonServer, Writes, config_for, config_text, json_server, post
 from support.store import migrated_sqlite, store_copied_from
 
+from proxy_addon.admin.app import create_app
 from proxy_addon.cli import main
-from proxy_addon.config import load_config
+from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.reconcile.worker import Reconciler
 from proxy_addon.store import ReceiptStore
 
@@ -149,17 +150,29 @@ def test_rules_check_proves_a_rule_before_any_unknown_needs_it(server, template,
         assert evidence["found"] == "absent" and evidence["reads"][0]["url"].startswith(f"{server.base}/comments?title=")
         unused = first["comments.create"]
         assert (unused["proven"], unused["positive"]["result"], unused["negative"]["result"]) == (False, "not_run", "not_run")
+        assert_rule_health_shown(load_config(config_path), store, proven="no", unproven_metric=1)
 
         config_path.write_text(config_text(server, tmp_path, SEARCH, UNUSED))  # the slip fixed
         fixed = {h["operation"]: h for h in rules_check(config_path, url, capsys, monkeypatch)}["posts.create"]
         assert (fixed["proven"], fixed["positive"]["result"], fixed["negative"]["result"]) == (True, "passed", "passed")
         assert fixed["positive"]["evidence"]["matched_id"] == store.receipts.get(known).external_id
+        assert_rule_health_shown(load_config(config_path), store, proven="yes", unproven_metric=0)
 
         runs = len(store.controls.history())
         op = Writes(server, store, load_config(config_path)).unknown(post("unknown"), committed=False)
         asyncio.run(Reconciler(load_config(config_path), store).run_once())
         assert store.receipts.get(op).state == "safe_to_retry"  # on the check's proof: no control ran again
         assert len(store.controls.history()) == runs == 4
+
+
+def assert_rule_health_shown(config: ReceiptsConfig, store: ReceiptStore, proven: str, unproven_metric: int) -> None:
+    """The review page's rule health, and the metric of unproven rules, from the runs on record."""
+    client = create_app(config, store).test_client()
+    page = client.get("/").get_data(as_text=True)
+    table = page[page.index('id="rule-health"') :]
+    assert "posts.create" in table and f"<td>{proven}</td>" in table
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert f"receipts_unproven_rules {float(unproven_metric)}" in metrics
 
 
 def test_rules_check_prints_a_table(server, template, tmp_path, capsys, monkeypatch):
