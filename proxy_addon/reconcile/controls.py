@@ -149,7 +149,8 @@ class Proof:
         return None
 
     def summary(self) -> list[dict[str, Any]]:
-        return [{"control": r.control, "result": r.result, "checked_at": r.checked_at.isoformat()} for r in self.runs]
+        runs = sorted(self.runs, key=lambda r: r.control)
+        return [{"control": r.control, "result": r.result, "checked_at": r.checked_at.isoformat()} for r in runs]
 
 
 def fresh(run: ControlRunRecord | None, now: datetime, max_age: float) -> bool:
