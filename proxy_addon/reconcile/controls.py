@@ -72,7 +72,7 @@ def probe_of(base: ReceiptRecord, rule: ReconcileRule, params: dict[str, str], v
         original.compiled.update_or_create(document, value)
     probe = replace(
         base,
-        operation_id=f"op_probe_{value.rsplit('-', 1)[-1]}",
+        operation_id=f"op_{value}",
         external_id=value if "external_id" in names else base.external_id,
         idempotency_key=value if "idempotency_key" in names else base.idempotency_key,
         request_body=json.dumps(document).encode(),

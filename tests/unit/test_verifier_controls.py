@@ -71,7 +71,7 @@ def test_the_probe_holds_the_nonce_in_every_field_the_rule_reads_by(rule, body, 
     reads_by = re.findall(r"\{(external_id|idempotency_key|operation_id)\}", rule.get("url", ""))
     assert (probe.external_id == NONCE) == ("external_id" in reads_by)
     assert (probe.idempotency_key == NONCE) == ("idempotency_key" in reads_by)
-    assert NONCE.rsplit("-", 1)[-1] in probe.operation_id
+    assert probe.operation_id == f"op_{NONCE}"
 
 
 # -- judging ---------------------------------------------------------------------------------------------------
