@@ -37,7 +37,6 @@ READ_RULE_STRATEGIES = frozenset({"lookup", "search"})
 BOTH = frozenset({ControlKind.POSITIVE, ControlKind.NEGATIVE})
 NEGATIVE_ONLY = frozenset({ControlKind.NEGATIVE})
 UNPROVEN = "verifier_unproven"  # the error_code of a receipt sent to a person for want of a proven rule
-_NONCE_PLACEHOLDERS = frozenset({"external_id", "idempotency_key", "operation_id"})
 
 
 def controls_needed(rule: ReconcileRule, verdict: Verdict, outcome: ReadOutcome) -> frozenset[ControlKind]:

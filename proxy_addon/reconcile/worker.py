@@ -174,6 +174,8 @@ class Reconciler:
             now = await asyncio.to_thread(self.store.db.now)
             return read_verdict(target.base, target.rule, target.op.retry_safe, ReadOutcome(Found.FAILED, evidence), now, self.settings.backoff)
         if proof.failed is not None:
+            b = target.base
+            log.warning("verifier_unproven", operation_id=b.operation_id, host=b.host, operation=b.operation, failed=proof.failed)
             return unproven_verdict(target.rule, outcome, proof, verdict.state)
         return Verdict(verdict.state, verdict.updates, {**verdict.detail, "controls": proof.summary()})
 
