@@ -14,7 +14,8 @@ import httpx
 
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.protocols.routing import call_name, match_rule
-from proxy_addon.reconcile.controls import BOTH, READ_RULE_STRATEGIES, RuleTarget, VerifierControls
+from proxy_addon.reconcile.control_runs import VerifierControls
+from proxy_addon.reconcile.controls import BOTH, READ_RULE_STRATEGIES, RuleTarget
 from proxy_addon.reconcile.strategies import STRATEGIES, Reader, Strategy
 from proxy_addon.reconcile.worker import HostRateLimiter
 from proxy_addon.rules.operations import OperationRule
