@@ -4,7 +4,8 @@ the SDK's own client pointed at it through a proxy.
 Tools: `create_ticket` (a write), `slow_ticket` (a write that acts, then takes `seconds` to answer),
 `progress_ticket` (reports progress, so the server answers with server-sent events), `guarded_ticket` (asks
 the user to confirm first: at 2026-07-28 an `input_required` result, MCP's multi-round-trip), and
-`list_tickets` (a read, with structured content, for the reconciler).
+`list_tickets` and `list_tickets_reporting` (reads, with structured content, for the reconciler; the second
+reports progress, so its answer comes as server-sent events).
 """
 
 import threading
@@ -90,6 +91,13 @@ class TicketDesk:
         @server.tool()
         def list_tickets() -> Tickets:
             """The tickets, newest last."""
+            with self.lock:
+                return Tickets(items=list(self.tickets))
+
+        @server.tool()
+        async def list_tickets_reporting(ctx: Context) -> Tickets:
+            """The tickets, reporting progress on the way (so the answer comes as server-sent events)."""
+            await ctx.report_progress(0.5, 1.0, "reading")
             with self.lock:
                 return Tickets(items=list(self.tickets))
 
