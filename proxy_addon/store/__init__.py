@@ -8,7 +8,8 @@
 - `refusals`: refused and replayed duplicates;
 - `retention`: counts and pruning;
 - `scrub`: rows from earlier versions redacted again with today's rules (`receipts scrub`);
-- `controls`: the runs of the read rules' verifier controls, and the known successes they are run on.
+- `controls`: the runs of the read rules' verifier controls, and the known successes they are run on;
+- `approvals`: a person's approvals of writes that need one: list, show, approve, deny.
 """
 
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ class ReceiptStore:
     def __init__(self, engine: "Engine"):
         # The parts are imported when a store is made, not with this package: the journal writer process
         # imports the tables alone (store/tables.py), and none of the rest, whose imports it would pay at start.
+        from proxy_addon.store.approvals import Approvals
         from proxy_addon.store.controls import ControlRuns
         from proxy_addon.store.database import Database
         from proxy_addon.store.instances import Instances
@@ -39,3 +41,4 @@ class ReceiptStore:
         self.retention = Retention(self.db)
         self.scrub = Scrubber(self.db)
         self.controls = ControlRuns(self.db)
+        self.approvals = Approvals(self.db)
