@@ -11,8 +11,10 @@ from support.store import S, fp, intent
 
 from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import ApprovalNeededError, ApprovalNotFoundError, DuplicateIntentError, NotDecidableError
+from proxy_addon.journal.connection import DriverConnection
 from proxy_addon.journal.messages import AwaitingApproval, Done, Failed, Record
-from proxy_addon.journal.writer import JournalWriter
+from proxy_addon.journal.writer import JournalWriter, _one_statement
+from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver
 from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.records import new_operation_id
 from proxy_addon.store.tables import Receipt
@@ -146,3 +148,33 @@ def test_the_writer_uses_an_approval_only_together_with_its_receipt(store, migra
         assert isinstance(waiting, AwaitingApproval) and waiting.approval.state == "pending"
     finally:
         writer.close()
+
+
+class Recording:
+    """A writes Connection that keeps the text of every statement it runs."""
+
+    def __init__(self, inner):
+        self.inner, self.statements = inner, []
+
+    def execute(self, statement, params):
+        self.statements.append(statement)
+        return self.inner.execute(statement, params)
+
+    def pipeline(self):
+        return self.inner.pipeline()
+
+
+def test_a_write_without_an_approval_rule_runs_the_statements_it_always_ran(migrated_url):
+    """The hot path's cost: no statement on approvals, as many statements as before approvals existed (SQLite:
+    the decision, the insert and the two history rows; PostgreSQL: one), and autocommit alone on PostgreSQL."""
+    connection = DriverConnection(migrated_url)
+    try:
+        with connection.transaction() as conn:
+            recording = Recording(OnDriver(conn))
+            journal = JournalWrites.on(recording, connection.statements)
+            assert journal.record(NewReceipt(intent(), 900.0, "proxy-1")) is None
+    finally:
+        connection.close()
+    assert not any("approvals" in s for s in recording.statements)
+    assert len(recording.statements) == (1 if migrated_url.startswith("postgresql") else 4)
+    assert _one_statement(Record(intent(), 900.0, "proxy-1")) and not _one_statement(Record(intent(), 900.0, "p", approval=ASK))
