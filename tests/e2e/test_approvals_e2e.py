@@ -1,5 +1,7 @@
 """Approval before a consequential write, end to end over REST: a real proxy, a real upstream, an httpx agent,
-and the person's `receipts approvals`, `approve` and `deny` commands; receipts on SQLite and PostgreSQL.
+and the person's `receipts approvals`, `approve` and `deny` commands, and the admin API; receipts on SQLite
+(test_approvals_store.py runs the decision on both databases, test_approvals_replicas.py the proxies on
+PostgreSQL).
 
 What is checked is what each side sees: the agent's 403 `approval-required` (the same approval while it is
 pending), the person's list with the request as journaled (redacted), the one forwarded request after the
@@ -16,13 +18,16 @@ from support.server import free_port
 from support.upstream import start_upstream
 
 from proxy_addon.cli import main
+from tests.conftest import migrate
 
 SECRET = "Bearer agent-secret-5f1e"
 
 
 @pytest.fixture(scope="module")
-def env(module_db_url, tmp_path_factory):
+def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("approvals")
+    module_db_url = f"sqlite:///{tmp / 'receipts.db'}"  # what either side sees does not depend on the database
+    migrate(module_db_url)
     up, short = start_upstream(), start_upstream()
     admin_port = free_port()
     config = tmp / "config.yaml"

@@ -16,12 +16,16 @@ from support.graphql_server import IssueTracker
 from support.mcp_server import TicketDesk, mcp_client
 from support.proxy import start_inprocess_proxy
 
+from tests.conftest import migrate
+
 CREATE = "mutation CreateIssue($title: String!) { createIssue(title: $title) { id title } }"
 
 
 @pytest.fixture(scope="module")
-def env(module_db_url, tmp_path_factory) -> Iterator[dict[str, Any]]:
+def env(tmp_path_factory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("approval_protocols")
+    module_db_url = f"sqlite:///{tmp / 'receipts.db'}"  # what either side sees does not depend on the database
+    migrate(module_db_url)
     desk, tracker = TicketDesk(), IssueTracker()
     mcp, graphql = serve_asgi(desk.app()), serve_asgi(tracker.app())
     config = tmp / "config.yaml"

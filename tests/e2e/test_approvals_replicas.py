@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.e2e import open_store, proxy_client, stop_process, tag
+from support.pg import fresh_database
 from support.proxy import start_inprocess_proxy, start_proxy_process
 from support.upstream import start_upstream
 
@@ -20,22 +21,28 @@ from tests.conftest import migrate
 PER_PROXY = 4
 
 
-@pytest.fixture
-def replicas(pg_url, tmp_path):
-    migrate(pg_url)
-    up = start_upstream()
-    config = tmp_path / "config.yaml"
-    config.write_text(f"secret_file: {tmp_path / 'secret'}\nhosts:\n  \"127.0.0.1:{up.port}\": {{approval: required}}\n")
-    inprocess = start_inprocess_proxy(config, pg_url, tmp_path / "confdir")
-    proc, port = start_proxy_process(config, pg_url, tmp_path / "confdir", tmp_path / "proxy.log")
-    try:
-        with open_store(pg_url) as store:
-            yield {"urls": [inprocess.url, f"http://127.0.0.1:{port}"], "up": up, "store": store, "tmp": tmp_path,
-                   "config": config, "db": pg_url, "proc": proc}
-    finally:
-        inprocess.stop()
-        stop_process(proc)
-        up.stop()
+@pytest.fixture(scope="module")
+def replicas(pg_server, tmp_path_factory):
+    """Two replicas on one PostgreSQL for the whole module: the in-process proxy (`replicas["inprocess"]`, which
+    a test may replace) and a `receipts proxy` process."""
+    tmp_path = tmp_path_factory.mktemp("approval_replicas")
+    with fresh_database(pg_server, prefix="receipts_appr") as pg_url:
+        migrate(pg_url)
+        up = start_upstream()
+        config = tmp_path / "config.yaml"
+        config.write_text(f"secret_file: {tmp_path / 'secret'}\nhosts:\n  \"127.0.0.1:{up.port}\": {{approval: required}}\n")
+        proc, port = start_proxy_process(config, pg_url, tmp_path / "confdir", tmp_path / "proxy.log")
+        env = {"up": up, "tmp": tmp_path, "config": config, "db": pg_url,
+               "inprocess": start_inprocess_proxy(config, pg_url, tmp_path / "confdir")}
+        env["urls"] = [env["inprocess"].url, f"http://127.0.0.1:{port}"]
+        try:
+            with open_store(pg_url) as store:
+                env["store"] = store
+                yield env
+        finally:
+            env["inprocess"].stop()
+            stop_process(proc)
+            up.stop()
 
 
 def burst(proxies: list[str], url: str, body: dict, per_proxy: int) -> list[httpx.Response]:
@@ -81,21 +88,16 @@ def test_after_approval_a_burst_to_both_replicas_is_forwarded_once(replicas):
 
 
 def test_a_pending_approval_outlives_a_restart_of_the_proxy_that_asked(replicas):
-    url, body = f"{replicas['up'].base}/payouts", {"payout": tag()}
-    process_proxy = replicas["urls"][1]
-    with proxy_client(process_proxy) as agent:
+    url, body = f"{replicas['up'].base}/refunds", {"refund": tag()}
+    with proxy_client(replicas["inprocess"].url) as agent:
         asked = agent.post(url, json=body)
     assert asked.status_code == 403
     approval_id = asked.json()["approval_id"]
-    stop_process(replicas["proc"])  # the proxy that asked is gone; the approval is in the database
+    replicas["inprocess"].stop()  # the proxy that asked is gone; the approval is in the database
     replicas["store"].approvals.decide(approval_id, "approve", "ok", "alice")
     tmp: Path = replicas["tmp"]
-    proc, port = start_proxy_process(replicas["config"], replicas["db"], tmp / "confdir", tmp / "proxy2.log")
-    replicas["proc"] = proc
-    try:
-        with proxy_client(f"http://127.0.0.1:{port}") as agent:
-            forwarded = agent.post(url, json=body)
-        assert forwarded.status_code == 201 and replicas["up"].count("POST", "/payouts") == 1
-        assert replicas["store"].approvals.get(approval_id).operation_id == forwarded.headers["x-receipt-id"]
-    finally:
-        stop_process(proc)
+    replicas["inprocess"] = restarted = start_inprocess_proxy(replicas["config"], replicas["db"], tmp / "confdir")
+    with proxy_client(restarted.url) as agent:
+        forwarded = agent.post(url, json=body)
+    assert forwarded.status_code == 201 and replicas["up"].count("POST", "/refunds") == 1
+    assert replicas["store"].approvals.get(approval_id).operation_id == forwarded.headers["x-receipt-id"]

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from sqlalchemy import func, select
 from support.e2e import failing_receipt_writes
-from support.store import S, fp, intent
+from support.store import S, intent
 
 from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import ApprovalNeededError, ApprovalNotFoundError, DuplicateIntentError, NotDecidableError
@@ -121,12 +121,6 @@ def test_decisions_need_a_note_and_a_known_id(store):
         store.approvals.get("ap_nope")
     assert store.approvals.pending_count() == 1
     assert [x.approval_id for x in store.approvals.list(state="pending")] == [a.approval_id]
-
-
-def test_writes_without_an_approval_rule_never_touch_approvals(store):
-    it = intent(fingerprint=fp())
-    store.receipts.record_and_submit(it, ALLOW, "proxy-1")
-    assert store.approvals.list() == []
 
 
 def test_the_writer_uses_an_approval_only_together_with_its_receipt(store, migrated_url):
