@@ -222,7 +222,7 @@ def cmd_approvals(args: argparse.Namespace) -> int:
     for v in shown:
         if v.state == ApprovalState.PENDING:
             exchange_table(f"{v.approval_id}: the request, as journaled (secrets redacted)", f"{v.method} {v.url}",
-                           v.request.headers, v.request.body, v.approval_id)
+                           v.request.headers, v.request.body, v.approval_id, "receipts approvals --json")
     return EXIT_OK
 
 
