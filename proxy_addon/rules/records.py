@@ -112,6 +112,7 @@ class TransitionRecord:
     to_state: str
     recorded_at: datetime
     detail: dict[str, Any]
+    hash: str | None = None  # its hash in the audit chain (audit/chain.py)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@
 - `queue`: the reconcile queue (leases);
 - `refusals`: refused and replayed duplicates;
 - `retention`: counts and pruning;
-- `scrub`: rows from earlier versions redacted again with today's rules (`receipts scrub`).
+- `scrub`: rows from earlier versions redacted again with today's rules (`receipts scrub`);
+- `audit`: the audit trail's chains, checkpoints and records (`receipts verify`, `receipts checkpoint`).
 """
 
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ class ReceiptStore:
     def __init__(self, engine: "Engine"):
         # The parts are imported when a store is made, not with this package: the journal writer process
         # imports the tables alone (store/tables.py), and none of the rest, whose imports it would pay at start.
+        from proxy_addon.store.audit import AuditTrail
         from proxy_addon.store.database import Database
         from proxy_addon.store.instances import Instances
         from proxy_addon.store.queue import ReconcileQueue
@@ -36,3 +38,4 @@ class ReceiptStore:
         self.refusals = Refusals(self.db)
         self.retention = Retention(self.db)
         self.scrub = Scrubber(self.db)
+        self.audit = AuditTrail(self.db)

@@ -1,0 +1,149 @@
+"""The audit trail's reads and writes: the chains as `receipts verify` walks them, the heads a checkpoint signs,
+the checkpoints themselves, the audit records (pruned, chained again, migrated), and chaining a history again
+after `receipts scrub` rewrote one of its rows.
+
+The hashes are computed in audit/chain.py; what is checked, in audit/verify.py.
+"""
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Table, insert, select, update
+
+from proxy_addon.audit.chain import Identity, chained, genesis
+from proxy_addon.rules.records import utcnow
+from proxy_addon.store.database import Database
+from proxy_addon.store.receipts import receipts, transitions
+from proxy_addon.store.tables import AuditCheckpoint, AuditRecord
+
+MakeCheckpoint = Callable[[list[list[str]], str | None, str | None], dict[str, Any]]
+"""(heads, the latest checkpoint's signed document or None, a note) -> a new checkpoint's row."""
+checkpoints: Table = AuditCheckpoint.__table__  # type: ignore[assignment]
+records: Table = AuditRecord.__table__  # type: ignore[assignment]
+BATCH = 500
+_IDENTITY = [receipts.c[name] for name in Identity.__slots__]
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """One receipt's identity, its stored head, and its history rows in id order (mappings of the columns)."""
+
+    identity: Identity
+    head: str | None
+    rows: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCheckpoint:
+    id: int
+    created_at: datetime
+    root: str
+    heads: list[list[str]]
+    signed: str
+    signature: str
+    public_key: str
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAuditRecord:
+    operation_id: str
+    kind: str
+    head_before: str | None
+    head_after: str | None
+    recorded_at: datetime
+    note: str | None
+
+
+class AuditTrail:
+    def __init__(self, db: Database):
+        self.db = db
+
+    def chains(self) -> Iterator[Chain]:
+        """Every receipt's chain, by operation id, read BATCH receipts at a time."""
+        after = ""
+        while True:
+            with self.db.storage_errors(), self.db.reading() as conn:
+                batch = _chains(conn, receipts.c.operation_id > after, BATCH)
+            yield from batch
+            if len(batch) < BATCH:
+                return
+            after = batch[-1].identity.operation_id
+
+    def heads(self, conn: Connection) -> list[list[str]]:
+        """[operation_id, head] of every receipt with a history, sorted by operation id (what a checkpoint signs)."""
+        query = select(receipts.c.operation_id, receipts.c.history_head).where(receipts.c.history_head.is_not(None))
+        return [[r.operation_id, r.history_head] for r in conn.execute(query.order_by(receipts.c.operation_id))]
+
+    def checkpoints(self) -> list[StoredCheckpoint]:
+        with self.db.storage_errors(), self.db.reading() as conn:
+            rows = conn.execute(select(checkpoints).order_by(checkpoints.c.id)).all()
+        return [StoredCheckpoint(**r._mapping) for r in rows]
+
+    def records(self) -> list[StoredAuditRecord]:
+        with self.db.storage_errors(), self.db.reading() as conn:
+            rows = conn.execute(select(records).order_by(records.c.id)).all()
+        return [StoredAuditRecord(**{k: v for k, v in r._mapping.items() if k != "id"}) for r in rows]
+
+    def add_checkpoint(self, make: "MakeCheckpoint") -> StoredCheckpoint:
+        """Read every head, the latest checkpoint and, for the first one, the migration's note, have `make`
+        sign them (audit/checkpoint.py), and store the result, in one transaction: one checkpoint at a time
+        (PostgreSQL: the table locked against another `receipts checkpoint`), so each names the one before."""
+        with self.db.writing() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("LOCK TABLE audit_checkpoints IN SHARE ROW EXCLUSIVE MODE")
+            latest = conn.execute(select(checkpoints.c.signed).order_by(checkpoints.c.id.desc()).limit(1)).scalar()
+            note = None
+            if latest is None:
+                notes = conn.execute(select(records.c.note).where(records.c.kind == "migrated").order_by(records.c.id)).scalars()
+                note = "; ".join(n for n in notes if n) or None
+            values = make(self.heads(conn), latest, note)
+            new_id = conn.execute(insert(checkpoints).values(**values).returning(checkpoints.c.id)).scalar_one()
+        return StoredCheckpoint(id=int(new_id), **values)
+
+
+def _chains(conn: Connection, which: Any, limit: int | None = None, lock: bool = False) -> list[Chain]:
+    """The chains of the receipts `which` selects, by operation id (at most `limit`; locked when `lock`, on
+    PostgreSQL: SQLite's write transaction already is)."""
+    query = select(*_IDENTITY, receipts.c.history_head).where(which).order_by(receipts.c.operation_id).limit(limit)
+    if lock and conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    found = conn.execute(query).all()
+    history: dict[str, list[dict[str, Any]]] = {r.operation_id: [] for r in found}
+    if history:
+        rows = select(transitions).where(transitions.c.operation_id.in_(list(history))).order_by(transitions.c.id)
+        for row in conn.execute(rows):
+            history[row.operation_id].append(dict(row._mapping))
+    return [Chain(Identity.of(r._mapping), r.history_head, history[r.operation_id]) for r in found]
+
+
+def record_pruned(conn: Connection, which: Any) -> None:
+    """Note the receipts `which` selects (a condition on `receipts`) as pruned, with their heads, before they
+    are deleted in the same transaction: verify then tells them from receipts deleted by someone else."""
+    selected = select(receipts.c.operation_id, receipts.c.history_head, receipts.c.updated_at).where(which)
+    rows = [
+        {"operation_id": r.operation_id, "kind": "pruned", "head_before": r.history_head, "recorded_at": utcnow()}
+        for r in conn.execute(selected)
+    ]
+    if rows:
+        conn.execute(insert(records), rows)
+
+
+def rechain(conn: Connection, operation_ids: Sequence[str]) -> None:
+    """Compute these receipts' chains again from their rows as they are now (after `receipts scrub` rewrote a
+    detail), store the hashes and heads, and note each as `rechained` with its head before and after. The
+    caller's transaction holds the rows (locked on PostgreSQL), so no step comes in between."""
+    for chain in _chains(conn, receipts.c.operation_id.in_(list(operation_ids)), lock=True):
+        hashes = chained(genesis(chain.identity), chain.rows)
+        for row, new_hash in zip(chain.rows, hashes, strict=True):
+            if row["hash"] != new_hash:
+                conn.execute(update(transitions).where(transitions.c.id == row["id"]).values(hash=new_hash))
+        head = hashes[-1] if hashes else None
+        if head == chain.head:
+            continue
+        operation_id = chain.identity.operation_id
+        conn.execute(update(receipts).where(receipts.c.operation_id == operation_id).values(history_head=head))
+        record = {"operation_id": operation_id, "kind": "rechained", "head_before": chain.head, "head_after": head}
+        conn.execute(insert(records).values(**record, recorded_at=utcnow()))
