@@ -15,9 +15,10 @@ from proxy_addon.audit.chain import Identity, chained, genesis
 from proxy_addon.audit.checkpoint import make_checkpoint
 from proxy_addon.audit.verify import Report, Tampering, verify
 from proxy_addon.db import alembic_config, make_engine
+from proxy_addon.journal.connection import DriverConnection
 from proxy_addon.journal.messages import Advance, Done, Record
 from proxy_addon.journal.writer import JournalWriter
-from proxy_addon.journal.writes import Step
+from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
 from proxy_addon.rules.records import utcnow
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.audit import checkpoints
@@ -205,3 +206,36 @@ _OLD_TRANSITIONS = table(
     "receipt_transitions", column("operation_id"), column("from_state"), column("to_state"),
     column("recorded_at", UTCDateTime()), column("detail", JSON()),
 )
+
+
+class _Counting:
+    """The writes' Connection, noting each statement it runs."""
+
+    def __init__(self, inner: OnDriver):
+        self.inner, self.statements = inner, []
+
+    def execute(self, statement: str, params: dict):
+        self.statements.append(statement)
+        return self.inner.execute(statement, params)
+
+    def pipeline(self):
+        return self.inner.pipeline()
+
+
+def test_a_step_with_its_head_given_reads_nothing_first(migrated_url):
+    """The proxy passes the head its record returned: the verdict is the compare-and-set and its history row
+    alone (on PostgreSQL one statement), no read of the head."""
+    connection = DriverConnection(migrated_url)
+    try:
+        with connection.transaction() as driver:
+            counting = _Counting(OnDriver(driver))
+            journal = JournalWrites.on(counting, connection.statements)
+            it = intent(proxy_instance="me")
+            head = journal.record(NewReceipt(it, None, "me"))
+            assert isinstance(head, str)
+            counting.statements.clear()
+            journal.advance(Step(it.operation_id, S.SUBMITTED, S.SUCCEEDED, {"who": "me"}, head=head))
+    finally:
+        connection.close()
+    assert not any(s.lstrip().upper().startswith("SELECT") for s in counting.statements), counting.statements
+    assert len(counting.statements) == (1 if connection.dialect == "postgresql" else 2)
