@@ -23,8 +23,9 @@ VERSION = 1  # in every hashed document: a later change of the canonical form is
 
 
 def canonical(document: Mapping[str, Any]) -> bytes:
-    """The bytes hashed: sorted keys, no spaces, ASCII (a stable serialisation on every Python and database)."""
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    """The bytes hashed: sorted keys, no spaces, ASCII (a stable serialisation on every Python and database).
+    NaN and the infinities are written as Python's json writes them, as the detail column stores them."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def digest(document: Mapping[str, Any]) -> str:

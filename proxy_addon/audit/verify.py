@@ -13,7 +13,7 @@ What each kind of tampering looks like, and how it is named:
   head then is no longer in its history.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -156,30 +156,42 @@ def _head_problem(chain: Chain, end: str | None) -> list[Finding]:
 
 
 def verify(
-    chains: Iterable[Chain],
     checkpoints: Sequence[StoredCheckpoint],
-    records: Sequence[StoredAuditRecord],
+    chains: Iterable[Chain],
+    records: Callable[[], Sequence[StoredAuditRecord]],
     public_key: Ed25519PublicKey | None,
 ) -> Report:
     """Every chain; with `public_key`, every checkpoint, and each receipt's head at its latest checkpoint
-    against its history now (a receipt `receipts prune` recorded, or `receipts scrub` chained again, is a note)."""
+    against its history now (a receipt `receipts prune` recorded, or `receipts scrub` chained again, is a note).
+
+    Read in this order, so that a journal in use verifies clean: the checkpoints before the chains (a head
+    signed later than its chain was read would look cut short), the records after them (a receipt pruned
+    while the chains were read is recorded by then)."""
     report = Report()
-    report.notes += [f"{r.recorded_at:%Y-%m-%d %H:%M:%S} UTC: {r.note}" for r in records if r.kind == "migrated" and r.note]
     expected = _checkpointed_heads(checkpoints, public_key, report)
-    rechained = {r.operation_id for r in records if r.kind == "rechained"}
+    moved: dict[str, int] = {}  # operation_id -> the checkpoint whose head is no longer in its history
     for chain in chains:
         report.receipts += 1
         report.rows += len(chain.rows)
         report.findings += check_chain(chain)
         at = expected.pop(chain.identity.operation_id, None)
         if at is not None and at[1] not in {row["hash"] for row in chain.rows}:
-            if chain.identity.operation_id in rechained:
-                report.notes.append(f"{chain.identity.operation_id}: chained again by receipts scrub after checkpoint {at[0]}")
-            else:
-                detail = f"its head at checkpoint {at[0]} is no longer in its history"
-                report.findings.append(Finding(chain.identity.operation_id, Tampering.CUT_SHORT, detail))
-    _gone(expected, {r.operation_id for r in records if r.kind == "pruned"}, report)
+            moved[chain.identity.operation_id] = at[0]
+    done = records()
+    report.notes += [f"{r.recorded_at:%Y-%m-%d %H:%M:%S} UTC: {r.note}" for r in done if r.kind == "migrated" and r.note]
+    _cut_short(moved, {r.operation_id for r in done if r.kind == "rechained"}, report)
+    _gone(expected, {r.operation_id for r in done if r.kind == "pruned"}, report)
     return report
+
+
+def _cut_short(moved: Mapping[str, int], rechained: set[str], report: Report) -> None:
+    """Receipts whose head at a checkpoint is no longer in their history: cut short, unless scrub said why."""
+    for operation_id, checkpoint_id in sorted(moved.items()):
+        if operation_id in rechained:
+            report.notes.append(f"{operation_id}: chained again by receipts scrub after checkpoint {checkpoint_id}")
+            continue
+        detail = f"its head at checkpoint {checkpoint_id} is no longer in its history"
+        report.findings.append(Finding(operation_id, Tampering.CUT_SHORT, detail))
 
 
 def _checkpointed_heads(

@@ -272,7 +272,7 @@ class JournalClient:
 
         async def close() -> None:
             try:
-                await self.advance(operation_id, State.SUBMITTED, closed.state, closed.detail, closed.updates)
+                await self.advance(operation_id, State.SUBMITTED, closed.state, closed.detail, closed.updates, reply.head)
             except StaleStateError:
                 return  # closed already (request/handler.py)
             except ReceiptsError as e:

@@ -377,13 +377,17 @@ def _new_rows(new: NewReceipt) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         row.update(state=State.SUBMITTED.value, submitted_at=now)
         step = {"from_state": State.PLANNED.value, "to_state": State.SUBMITTED.value, "detail": {"who": new.submitted_by}}
         history.append({**history[0], **step})
-    previous = genesis(Identity(intent.operation_id, intent.account, intent.intent_fingerprint, intent.method,
-                                intent.scheme, intent.host, intent.port, intent.path, now))
-    for history_row in history:
-        previous = history_row["hash"] = row_hash(previous, intent.operation_id, history_row["from_state"],
-                                                  history_row["to_state"], now, history_row["detail"])
-    row["history_head"] = previous
+    row["history_head"] = _chain(intent, now, history)
     return row, history
+
+
+def _chain(intent: Intent, now: datetime, history: list[dict[str, Any]]) -> str:
+    """Each of a new receipt's history rows gets its hash, chained from the receipt's identity; the head."""
+    fixed = {name: getattr(intent, name) for name in Identity.__slots__ if name != "created_at"}
+    previous = genesis(Identity(**fixed, created_at=now))
+    for h in history:
+        previous = h["hash"] = row_hash(previous, intent.operation_id, h["from_state"], h["to_state"], now, h["detail"])
+    return previous
 
 
 def _step_params(step: Step, head: Head) -> tuple[tuple[str, ...], dict[str, Any]]:

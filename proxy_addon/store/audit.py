@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Table, insert, select, update
+from sqlalchemy import Connection, Table, insert, literal, select, update
 
 from proxy_addon.audit.chain import Identity, chained, genesis
 from proxy_addon.rules.records import utcnow
@@ -62,15 +62,21 @@ class AuditTrail:
         self.db = db
 
     def chains(self) -> Iterator[Chain]:
-        """Every receipt's chain, by operation id, read BATCH receipts at a time."""
+        """Every receipt's chain, by operation id, read BATCH receipts at a time, each batch from one snapshot
+        (REPEATABLE READ on PostgreSQL, a read transaction on SQLite's WAL): a step committed between reading a
+        receipt and reading its history would otherwise look like a row inserted after its head."""
         after = ""
         while True:
-            with self.db.storage_errors(), self.db.reading() as conn:
+            with self.db.storage_errors(), self._snapshot() as conn:
                 batch = _chains(conn, receipts.c.operation_id > after, BATCH)
             yield from batch
             if len(batch) < BATCH:
                 return
             after = batch[-1].identity.operation_id
+
+    def _snapshot(self) -> Connection:
+        conn = self.db.reading()
+        return conn.execution_options(isolation_level="REPEATABLE READ") if self.db.dialect == "postgresql" else conn
 
     def heads(self, conn: Connection) -> list[list[str]]:
         """[operation_id, head] of every receipt with a history, sorted by operation id (what a checkpoint signs)."""
@@ -122,13 +128,9 @@ def _chains(conn: Connection, which: Any, limit: int | None = None, lock: bool =
 def record_pruned(conn: Connection, which: Any) -> None:
     """Note the receipts `which` selects (a condition on `receipts`) as pruned, with their heads, before they
     are deleted in the same transaction: verify then tells them from receipts deleted by someone else."""
-    selected = select(receipts.c.operation_id, receipts.c.history_head, receipts.c.updated_at).where(which)
-    rows = [
-        {"operation_id": r.operation_id, "kind": "pruned", "head_before": r.history_head, "recorded_at": utcnow()}
-        for r in conn.execute(selected)
-    ]
-    if rows:
-        conn.execute(insert(records), rows)
+    now = literal(utcnow(), records.c.recorded_at.type)
+    selected = select(receipts.c.operation_id, literal("pruned"), receipts.c.history_head, now).where(which)
+    conn.execute(insert(records).from_select(["operation_id", "kind", "head_before", "recorded_at"], selected))
 
 
 def rechain(conn: Connection, operation_ids: Sequence[str]) -> None:
