@@ -73,11 +73,10 @@ def _named(row: Mapping[str, Any]) -> str:
 def check_chain(chain: Chain) -> list[Finding]:
     """What is wrong with this receipt's history, one finding per kind (empty: it holds)."""
     start = genesis(chain.identity)
-    reordered = _reordered(chain.rows, start)
+    findings, end = _walk(chain, start)
+    reordered = _reordered(chain.rows, start) if findings else None
     if reordered is not None:
         findings, end = [reordered[0]], reordered[1]
-    else:
-        findings, end = _walk(chain, start)
     findings += _head_problem(chain, end)
     seen: dict[Tampering, Finding] = {}
     for finding in findings:

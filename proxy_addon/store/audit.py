@@ -5,7 +5,7 @@ after `receipts scrub` rewrote one of its rows.
 The hashes are computed in audit/chain.py; what is checked, in audit/verify.py.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -133,12 +133,21 @@ def record_pruned(conn: Connection, which: Any) -> None:
     conn.execute(insert(records).from_select(["operation_id", "kind", "head_before", "recorded_at"], selected))
 
 
-def rechain(conn: Connection, operation_ids: Sequence[str]) -> None:
+def rechain(conn: Connection, details_before: Mapping[str, Mapping[int, Any]]) -> list[str]:
     """Compute these receipts' chains again from their rows as they are now (after `receipts scrub` rewrote a
-    detail), store the hashes and heads, and note each as `rechained` with its head before and after. The
-    caller's transaction holds the rows (locked on PostgreSQL), so no step comes in between."""
-    for chain in _chains(conn, receipts.c.operation_id.in_(list(operation_ids)), lock=True):
-        hashes = chained(genesis(chain.identity), chain.rows)
+    detail: `details_before` gives, per receipt, each rewritten row's detail before), store the hashes and
+    heads, and note each as `rechained` with its head before and after. Only a chain that held before the
+    rewrite is computed again, so that a scrub never hides tampering; the others are returned, left as they
+    are for `receipts verify` to name. The caller's transaction holds the rows (locked on PostgreSQL)."""
+    broken = []
+    for chain in _chains(conn, receipts.c.operation_id.in_(list(details_before)), lock=True):
+        start = genesis(chain.identity)
+        before = details_before[chain.identity.operation_id]
+        was = chained(start, [{**row, "detail": before.get(row["id"], row["detail"])} for row in chain.rows])
+        if was != [row["hash"] for row in chain.rows] or (was[-1] if was else None) != chain.head:
+            broken.append(chain.identity.operation_id)
+            continue
+        hashes = chained(start, chain.rows)
         for row, new_hash in zip(chain.rows, hashes, strict=True):
             if row["hash"] != new_hash:
                 conn.execute(update(transitions).where(transitions.c.id == row["id"]).values(hash=new_hash))
@@ -149,3 +158,4 @@ def rechain(conn: Connection, operation_ids: Sequence[str]) -> None:
         conn.execute(update(receipts).where(receipts.c.operation_id == operation_id).values(history_head=head))
         record = {"operation_id": operation_id, "kind": "rechained", "head_before": chain.head, "head_after": head}
         conn.execute(insert(records).values(**record, recorded_at=utcnow()))
+    return broken

@@ -86,16 +86,16 @@ class Scrubber:
             with self.db.writing() as conn:
                 query = select(transitions.c.id, transitions.c.operation_id, transitions.c.detail).where(transitions.c.id > last)
                 rows = conn.execute(_locked(query.order_by(transitions.c.id).limit(BATCH), conn)).all()
-                rewritten: set[str] = set()
+                rewritten: dict[str, dict[int, Any]] = {}  # operation id -> row id -> its detail before
                 for row in rows:
                     detail = scrub_detail(row.detail)
                     if detail != row.detail:
                         changed += 1
-                        rewritten.add(row.operation_id)
+                        rewritten.setdefault(row.operation_id, {})[row.id] = row.detail
                         if not dry_run:
                             conn.execute(update(transitions).where(transitions.c.id == row.id).values(detail=detail))
                 if rewritten and not dry_run:
-                    rechain(conn, sorted(rewritten))
+                    rechain(conn, rewritten)  # a chain that did not hold is left as it is: `receipts verify` names it
             read += len(rows)
             if len(rows) < BATCH:
                 return read, changed

@@ -268,3 +268,15 @@ def test_a_step_committed_while_verify_reads_a_batch_is_not_tampering(store, mon
     assert stepped == [op] and report.ok, report.findings
     monkeypatch.undo()
     assert audited(store).ok and store.receipts.get(op).state == "reconciling"
+
+
+def test_scrub_does_not_hide_tampering(store):
+    """A history changed by hand, then scrubbed: its chain is not computed again, so verify still names it."""
+    op = recorded(store, intent()).operation_id
+    store.receipts.transition(op, S.PLANNED, S.SUBMITTED, {"who": "old", "api_key": "sk-live-123"})
+    first = rows_of(store, op)[0]
+    with store.engine.begin() as conn:
+        conn.execute(update(transitions).where(transitions.c.id == first["id"]).values(detail={"who": "mallory"}))
+    store.scrub.run(lambda host, port: (frozenset(), frozenset()))
+    assert rows_of(store, op)[1]["detail"]["api_key"] == "[REDACTED]"
+    assert named(audited(store)) == {op: "changed"}
