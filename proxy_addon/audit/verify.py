@@ -24,8 +24,6 @@ from proxy_addon.audit.chain import genesis, row_hash
 from proxy_addon.audit.checkpoint import checkpoint_problem
 from proxy_addon.store.audit import Chain, StoredAuditRecord, StoredCheckpoint
 
-ALL = "*"  # the operation id of a note about the whole journal (the migration's)
-
 
 class Tampering(StrEnum):
     CHANGED = "changed"

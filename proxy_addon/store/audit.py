@@ -94,9 +94,12 @@ class AuditTrail:
         return [StoredAuditRecord(**{k: v for k, v in r._mapping.items() if k != "id"}) for r in rows]
 
     def add_checkpoint(self, make: "MakeCheckpoint") -> StoredCheckpoint:
-        """Read every head, the latest checkpoint and, for the first one, the migration's note, have `make`
-        sign them (audit/checkpoint.py), and store the result, in one transaction: one checkpoint at a time
-        (PostgreSQL: the table locked against another `receipts checkpoint`), so each names the one before."""
+        """Read every head (from one snapshot, without holding SQLite's write lock through it), then, in one
+        write transaction, the latest checkpoint and, for the first one, the migration's note; have `make` sign
+        them (audit/checkpoint.py) and store the result. One checkpoint at a time (PostgreSQL: the table locked
+        against another `receipts checkpoint`), so that each names the one before."""
+        with self.db.storage_errors(), self._snapshot() as conn:
+            heads = self.heads(conn)
         with self.db.writing() as conn:
             if conn.dialect.name == "postgresql":
                 conn.exec_driver_sql("LOCK TABLE audit_checkpoints IN SHARE ROW EXCLUSIVE MODE")
@@ -105,7 +108,7 @@ class AuditTrail:
             if latest is None:
                 notes = conn.execute(select(records.c.note).where(records.c.kind == "migrated").order_by(records.c.id)).scalars()
                 note = "; ".join(n for n in notes if n) or None
-            values = make(self.heads(conn), latest, note)
+            values = make(heads, latest, note)
             new_id = conn.execute(insert(checkpoints).values(**values).returning(checkpoints.c.id)).scalar_one()
         return StoredCheckpoint(id=int(new_id), **values)
 
