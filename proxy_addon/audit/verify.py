@@ -111,7 +111,8 @@ def _broken_link(chain: Chain, i: int, start: str, present: Mapping[str, int]) -
         expected_from = rows[i - 1]["to_state"] if i > 0 else None
         if row["from_state"] != expected_from:
             return Finding("", Tampering.REMOVED, f"a row before {_named(row)} is missing (after {expected_from or 'the start'})")
-        return Finding("", Tampering.CHANGED, f"{_named(row)} does not match its hash")
+        before = "the row before it" if i > 0 else "the receipt's identity"
+        return Finding("", Tampering.CHANGED, f"{_named(row)} does not match its hash (it, or {before}, was changed)")
     return Finding("", Tampering.INSERTED, f"{_named(row)} chains from nothing in its history")
 
 
