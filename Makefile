@@ -30,6 +30,7 @@ test: $(STAMP)
 	scripts/ensure-chromium
 	scripts/ensure-faketime
 	scripts/ensure-azurite
+	scripts/ensure-json-server
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)

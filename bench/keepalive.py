@@ -3,11 +3,11 @@
     .venv/bin/python bench/keepalive.py [--requests 2000] [--runs 3]
 
 Starts bench/upstream.py twice in processes of their own (http, and https with a throw-away self-signed
-certificate) and sends the same small POST many times, at concurrency 1 and 16: `fresh` through
-`UpstreamSender.send_once` (its own connection each time, as the proxy sends journaled writes), `reused`
-over one kept connection per worker with the same h11 exchange. Prints CPU milliseconds per request in this
-process (the sender's cost; the upstream's is in its own process), the median latency and the rate, each
-the median of --runs runs. The figures quoted in proxy_addon/request/sender.py come from this script.
+certificate) and sends the same small POST many times, at concurrency 1 and 16, through
+`UpstreamSender.send_once` as the proxy sends journaled writes: `fresh` (`upstream_connections: fresh`, a
+connection per write) and `reused` (`reuse`, the default: idle connections kept for `upstream_keepalive`).
+Prints CPU milliseconds per request in this process (the sender's cost; the upstream's is in its own
+process), the median latency and the rate, each the median of --runs runs (docs/performance.md quotes them).
 """
 
 import argparse
@@ -23,21 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import h11
-
-from proxy_addon.request.sender import (
-    SendEnd,
-    Timeouts,
-    TLSSettings,
-    UpstreamSender,
-    _exchange,
-    _ssl_context,
-    _Stream,
-)
+from proxy_addon.request.sender import SendEnd, Timeouts, TLSSettings, UpstreamSender
 
 BODY = b'{"title": "keep-alive or not"}'
 HEADERS = [(b"content-type", b"application/json")]
-TIMEOUTS = Timeouts(connect=5.0, idle=5.0)
+MODES = {"fresh": Timeouts(connect=5.0, idle=5.0), "reused": Timeouts(connect=5.0, idle=5.0, keepalive=30.0)}
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -77,49 +67,27 @@ def start_upstream(tls: tuple[Path, Path] | None) -> tuple[subprocess.Popen, int
     return proc, int(proc.stdout.readline().split()[1])
 
 
-async def fresh_worker(sender: UpstreamSender, url: str, n: int, latencies: list[float]) -> None:
+async def worker(sender: UpstreamSender, url: str, timeouts: Timeouts, n: int, latencies: list[float]) -> None:
     for _ in range(n):
         t = time.perf_counter()
-        result = await sender.send_once("POST", url, HEADERS, BODY, TIMEOUTS)
+        result = await sender.send_once("POST", url, HEADERS, BODY, timeouts)
         latencies.append(time.perf_counter() - t)
         assert result.end == SendEnd.ANSWERED, result
-
-
-async def reused_worker(scheme: str, port: int, n: int, latencies: list[float]) -> None:
-    loop = asyncio.get_running_loop()
-    tls = _ssl_context(TLSSettings(insecure=True)) if scheme == "https" else None
-    _, stream = await loop.create_connection(_Stream, "127.0.0.1", port, ssl=tls, server_hostname="127.0.0.1" if tls else None)
-    h = h11.Connection(h11.CLIENT)
-    headers = [(b"host", f"127.0.0.1:{port}".encode()), *HEADERS, (b"content-length", str(len(BODY)).encode())]
-    try:
-        for _ in range(n):
-            t = time.perf_counter()
-            chunks = h.send_with_data_passthrough(h11.Request(method=b"POST", target=b"/x", headers=headers))
-            chunks += h.send_with_data_passthrough(h11.Data(data=BODY)) + h.send_with_data_passthrough(h11.EndOfMessage())
-            answer = await _exchange(stream, h, chunks, TIMEOUTS.idle)
-            latencies.append(time.perf_counter() - t)
-            assert answer.status_code == 201, answer
-            h.start_next_cycle()
-    finally:
-        stream.abort()
 
 
 async def measure(scheme: str, port: int, mode: str, n: int, concurrency: int) -> tuple[float, float, float]:
     sender = UpstreamSender(TLSSettings(insecure=True))
     url = f"{scheme}://127.0.0.1:{port}/x"
-    warm: list[float] = []
-    if mode == "fresh":
-        await fresh_worker(sender, url, 50, warm)
-    else:
-        await reused_worker(scheme, port, 50, warm)
-    latencies: list[float] = []
-    per = n // concurrency
-    cpu, wall = time.process_time(), time.perf_counter()
-    if mode == "fresh":
-        await asyncio.gather(*(fresh_worker(sender, url, per, latencies) for _ in range(concurrency)))
-    else:
-        await asyncio.gather(*(reused_worker(scheme, port, per, latencies) for _ in range(concurrency)))
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    timeouts = MODES[mode]
+    try:
+        await asyncio.gather(*(worker(sender, url, timeouts, 50 // concurrency + 1, []) for _ in range(concurrency)))
+        latencies: list[float] = []
+        per = n // concurrency
+        cpu, wall = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(worker(sender, url, timeouts, per, latencies) for _ in range(concurrency)))
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    finally:
+        await sender.aclose()
     done = per * concurrency
     return cpu / done * 1000, statistics.median(latencies) * 1000, done / wall
 

@@ -316,6 +316,19 @@ def cmd_admin(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_rules_check(args: argparse.Namespace) -> int:
+    from proxy_addon.reconcile.check import check_rules
+    from proxy_addon.views.rule_health import rows
+
+    config = _config(args)
+    health = asyncio.run(check_rules(config, _store(args, config)))
+    if args.json:
+        print_json([h.document() for h in health])
+    else:
+        table("read rules", ["host", "operation", "proven", "positive", "negative"], rows(health))
+    return EXIT_OK
+
+
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from proxy_addon.reconcile.worker import run_reconcile
 
@@ -367,6 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
     db = sub.add_parser("db", help="database schema")
     db_sub = db.add_subparsers(dest="db_command", required=True, parser_class=_Parser)
     command("upgrade", cmd_db_upgrade, "apply the Alembic migrations (upgrade head)", db_sub)
+
+    rules = sub.add_parser("rules", help="the reconcile read rules")
+    rules_sub = rules.add_subparsers(dest="rules_command", required=True, parser_class=_Parser)
+    p = command("check", cmd_rules_check, "run every read rule's verifier controls on the live upstream; say which are proven", rules_sub)
+    p.add_argument("--json", action="store_true")
 
     p = command("proxy", cmd_proxy, "run the journaling proxy")
     p.add_argument("--listen-host", default="127.0.0.1")

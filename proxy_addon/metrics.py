@@ -19,6 +19,7 @@ from proxy_addon.rules.states import RefusalReason, State
 # the journal's counts, read at scrape time (store.retention.stats); a callable, so that this module, which
 # the store reports its transitions to, does not import the store
 JournalStatsReader = Callable[[], JournalStats]
+UnprovenRulesReader = Callable[[], int]  # read rules whose verifier controls' newest runs did not both pass
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -102,10 +103,11 @@ def reused_connection_unknown() -> None:
 
 
 class StoreCollector(Collector):
-    """Receipts by state and the oldest open receipt's age, queried when Prometheus scrapes."""
+    """Receipts by state, the oldest open receipt's age and the unproven read rules, queried when Prometheus scrapes."""
 
-    def __init__(self, read_stats: JournalStatsReader):
+    def __init__(self, read_stats: JournalStatsReader, read_unproven: UnprovenRulesReader | None = None):
         self.read_stats = read_stats
+        self.read_unproven = read_unproven
 
     def describe(self) -> list[Metric]:
         return []  # registering must not query the database
@@ -114,6 +116,7 @@ class StoreCollector(Collector):
         up = GaugeMetricFamily("receipts_store_up", "1 when the store answered this scrape, 0 when it did not.")
         try:
             stats = self.read_stats()
+            unproven = None if self.read_unproven is None else self.read_unproven()
         except ReceiptsError:
             up.add_metric([], 0)
             yield up
@@ -130,9 +133,16 @@ class StoreCollector(Collector):
             "Age of the oldest open receipt, in seconds; 0 when none is open.",
             value=age or 0.0,
         )
+        if unproven is not None:
+            yield GaugeMetricFamily(
+                "receipts_unproven_rules",
+                "Read rules (per host and operation) whose verifier controls' newest runs did not both pass: their "
+                "absence verdicts, and their presence verdicts without the negative control, go to a person.",
+                value=unproven,
+            )
 
 
-def registry_for(read_stats: JournalStatsReader | None) -> CollectorRegistry:
+def registry_for(read_stats: JournalStatsReader | None, read_unproven: UnprovenRulesReader | None = None) -> CollectorRegistry:
     """This process's counters, plus the store's gauges: what an admin server's /metrics serves."""
     registry = CollectorRegistry(auto_describe=True)
     collectors = (
@@ -148,7 +158,7 @@ def registry_for(read_stats: JournalStatsReader | None) -> CollectorRegistry:
     for collector in collectors:
         registry.register(collector)
     if read_stats is not None:
-        registry.register(StoreCollector(read_stats))
+        registry.register(StoreCollector(read_stats, read_unproven))
     return registry
 
 

@@ -22,6 +22,7 @@ if __package__ in (None, "") and "proxy_addon" not in sys.modules:  # loaded by 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.connection import ConnectionState
 
+from proxy_addon import tracing
 from proxy_addon.addons import admission
 from proxy_addon.addons.admin import InProxyAdmin
 from proxy_addon.addons.heartbeat import Heartbeat
@@ -65,6 +66,7 @@ class Receipts:
 
     def load(self, loader: Any) -> None:
         scrub_standard_logging()  # mitmproxy's own lines too (a bad request line quotes the URL's userinfo)
+        tracing.set_up()  # from the OTEL_* variables; off (nothing imported) unless they ask for it
         loader.add_option("receipts_config", str, "config.yaml", "Path of the receipts configuration file (YAML).")
         loader.add_option(
             "receipts_database_url",
@@ -138,6 +140,7 @@ class Receipts:
             await self.handler.sender.aclose()
         if self.journal is not None:
             await self.journal.aclose()
+        tracing.shut_down()  # the spans still queued are exported before the process ends
 
     def journals(self, flow: http.HTTPFlow) -> bool:
         """Whether this request may be journaled, from its head (method, host, rule: protocols/routing.py); its
@@ -164,7 +167,10 @@ class Receipts:
             if not call.journal:
                 mark_passing(flow, call.passes or call.protocol)
                 return
-            outcome = await self.handler.handle(facts)
+            if tracing.enabled:
+                outcome = await tracing.traced_write(facts, self.handler.handle)
+            else:
+                outcome = await self.handler.handle(facts)
         except Exception as e:
             # mitmproxy would log a hook's exception and forward the request anyway: fail closed instead.
             log.exception("journaling_failed", method=flow.request.method, host=flow.request.pretty_host)

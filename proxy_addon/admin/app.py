@@ -13,6 +13,7 @@ from proxy_addon.admin.views import age_filter, duration_filter, netloc_filter, 
 from proxy_addon.config import AdminSettings, ReceiptsConfig
 from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
+from proxy_addon.views import rule_health
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
@@ -27,7 +28,7 @@ def create_app(config: ReceiptsConfig, store: ReceiptStore, settings: AdminSetti
     app.jinja_env.globals["STATES"] = [s.value for s in State]
     guards = Guards(settings)
     guards.install(app)
-    registry = metrics.registry_for(store.retention.stats)
+    registry = metrics.registry_for(store.retention.stats, lambda: rule_health.unproven_rules(store))
     routing.set_context(app, routing.AdminContext(config, store, settings, registry, guards.login))
     errors.install(app)
     routing.install(app, *ALL)

@@ -174,6 +174,9 @@ class McpToolCall(RpcCall):
     protocol: str = MCP
     tool: str = ""
     result_type: bool = True  # the negotiated protocol requires `resultType` in results (2026-07-28 on)
+    # the caller's W3C trace context as MCP carries it, in `params._meta` (`traceparent`, `tracestate`): the
+    # parent of the write's span when no `traceparent` header names one (tracing.py)
+    trace_context: tuple[tuple[str, str], ...] = ()
 
     def _identity(self, params: Any) -> dict[str, Any]:
         arguments = params.get("arguments") if isinstance(params, dict) else None
@@ -271,6 +274,7 @@ def _read(message: dict[str, Any], facts: "RequestFacts", route: "Route") -> Cal
             has_id=has_id,
             tool=tool,
             result_type=version not in HANDSHAKE_VERSIONS,
+            trace_context=_meta_trace_context(params),
         )
     if any(fnmatchcase(method, g) for g in MCP_READS):
         return Call(protocol=MCP).passing(f"mcp {method}")
@@ -303,6 +307,13 @@ def _meta_version(params: Any) -> str | None:
     meta = params.get("_meta") if isinstance(params, dict) else None
     version = meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
     return version if isinstance(version, str) else None
+
+
+def _meta_trace_context(params: Any) -> tuple[tuple[str, str], ...]:
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict):
+        return ()
+    return tuple((k, v) for k in ("traceparent", "tracestate") if isinstance(v := meta.get(k), str))
 
 
 def _header(facts: "RequestFacts", name: str) -> str | None:

@@ -11,7 +11,8 @@ from urllib.parse import parse_qsl, urljoin, urlsplit
 import httpx
 
 from proxy_addon.config import HostPolicy
-from proxy_addon.exceptions import UnreadableRuleError
+from proxy_addon.exceptions import ReadNotPossibleError, UnreadableRuleError
+from proxy_addon.log import get_logger
 from proxy_addon.protocols import routing, sse
 from proxy_addon.reconcile.decide import Found, ReadOutcome
 from proxy_addon.reconcile.rules import (
@@ -29,6 +30,8 @@ from proxy_addon.rules.operations import OperationRule, ReconcileRule
 from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.rules.redaction import REDACTED, error_text, redact_url
 from proxy_addon.units import compile_jsonpath
+
+log = get_logger("receipts.reconcile")
 
 
 class RateLimiter(Protocol):
@@ -207,6 +210,21 @@ class ResendWithKey:
             return ReadOutcome(Found.FAILED, evidence)
         evidence["reason"] = f"the upstream refused the re-send with {response.status_code}"
         return ReadOutcome(Found.REFUSED, evidence)
+
+
+async def read_outcome(
+    strategy: Strategy, receipt: ReceiptRecord, op: OperationRule, rule: ReconcileRule, params: dict[str, str], policy: HostPolicy
+) -> ReadOutcome:
+    """One read by the rule, whatever happens: the verdict's read and the verifier controls' reads alike."""
+    try:
+        return await strategy.read(receipt, op, rule, params, policy)
+    except UnreadableRuleError as e:
+        return ReadOutcome(Found.REFUSED, {"reason": str(e)})
+    except ReadNotPossibleError as e:
+        return ReadOutcome(Found.FAILED, {"reason": str(e)})
+    except Exception as e:  # noqa: BLE001 - a read that broke proves nothing about the world
+        log.error("reconcile_read_broke", operation_id=receipt.operation_id, error=f"{type(e).__name__}: {e}")
+        return ReadOutcome(Found.FAILED, {"error": f"{type(e).__name__}: {e}"[:300]})
 
 
 STRATEGIES: dict[str, type[Lookup] | type[Search] | type[ResendWithKey]] = {

@@ -13,19 +13,22 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
-from proxy_addon import metrics
+from proxy_addon import metrics, tracing
 from proxy_addon.config import ReceiptsConfig
-from proxy_addon.exceptions import ReadNotPossibleError, StaleStateError, UnreadableRuleError
+from proxy_addon.exceptions import StaleStateError
 from proxy_addon.log import configure_logging, get_logger
 from proxy_addon.protocols.routing import call_name, match_rule
+from proxy_addon.reconcile.control_runs import VerifierControls
+from proxy_addon.reconcile.controls import RuleTarget, controls_needed, unproven_verdict
 from proxy_addon.reconcile.decide import Found, ReadOutcome, read_verdict
-from proxy_addon.reconcile.strategies import STRATEGIES, Reader, Strategy
+from proxy_addon.reconcile.strategies import STRATEGIES, Reader, Strategy, read_outcome
 from proxy_addon.recovery import InstanceLiveness
 from proxy_addon.rules.records import ReceiptRecord, Verdict, utcnow
-from proxy_addon.rules.states import State
+from proxy_addon.rules.states import ControlKind, State
 from proxy_addon.store import ReceiptStore
 
 log = get_logger("receipts.reconcile")
@@ -66,6 +69,7 @@ class Reconciler:
         self.worker_id = worker_id or f"worker-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.limiter = HostRateLimiter(self.settings.per_host_rate)
         self._strategies: dict[str, Strategy] = {}
+        self._controls = VerifierControls(store, self._strategies, store.db.now)  # a new one each pass: its locks
 
     async def run_once(self) -> PassReport:
         """Release expired leases, recover dead proxies' receipts, then work the due queue until it is empty."""
@@ -78,6 +82,7 @@ class Reconciler:
         async with httpx.AsyncClient(trust_env=False, verify=self.settings.verify_tls) as client:
             reader = Reader(client, self.limiter)
             self._strategies = {name: strategy(reader) for name, strategy in STRATEGIES.items()}
+            self._controls = VerifierControls(self.store, self._strategies, self.store.db.now)
             semaphore = asyncio.Semaphore(self.settings.concurrency)
             for _ in range(MAX_BATCHES_PER_PASS):
                 # the lease runs out `lease` after the database's now at the claim, which is after this
@@ -127,6 +132,17 @@ class Reconciler:
 
     async def reconcile(self, receipt: ReceiptRecord) -> str:
         """Read one leased receipt's upstream by its rule and record the verdict; returns the state given."""
+        if not tracing.enabled:
+            return (await self._settle(receipt))[0]
+        # the write span's context is in the verdict row the proxy wrote (`traceparent` in its detail)
+        history = await asyncio.to_thread(self.store.receipts.history, receipt.operation_id)
+        with tracing.verdict_span(receipt, history, self.worker_id) as span:
+            state, detail = await self._settle(receipt)
+            tracing.end_verdict(span, state, detail)
+        return state
+
+    async def _settle(self, receipt: ReceiptRecord) -> tuple[str, dict[str, Any]]:
+        """The verdict read and recorded: the state given, and the detail its history row holds."""
         verdict = await self._verdict(receipt)
         unknown_for = round((utcnow() - (receipt.submitted_at or receipt.created_at)).total_seconds(), 1)
         detail = {"who": self.worker_id, "unknown_for_seconds": unknown_for, **verdict.detail}
@@ -141,7 +157,7 @@ class Reconciler:
         )
         log.info("reconcile_verdict", operation_id=receipt.operation_id, state=verdict.state.value, result=detail.get("result"))
         metrics.reconcile_verdict(verdict.state)
-        return verdict.state.value
+        return verdict.state.value, detail
 
     async def _verdict(self, receipt: ReceiptRecord) -> Verdict:
         policy = self.config.policy_for(receipt.host, receipt.port)
@@ -152,28 +168,43 @@ class Reconciler:
             reason = f"no reconcile rule for {receipt.operation}" if op is None else f"rule {op.name} has no reconcile"
             return Verdict(State.MANUAL_REVIEW, {"lease_owner": None, "lease_expires_at": None}, {"reason": reason})
         rule = op.reconcile
-        try:
-            outcome = await self._strategies[rule.strategy].read(receipt, op, rule, params, policy)
-        except UnreadableRuleError as e:
-            outcome = ReadOutcome(Found.REFUSED, {"reason": str(e)})
-        except ReadNotPossibleError as e:
-            outcome = ReadOutcome(Found.FAILED, {"reason": str(e)})
-        except Exception as e:  # noqa: BLE001 - a read that broke proves nothing about the world
-            log.error("reconcile_read_broke", operation_id=receipt.operation_id, error=f"{type(e).__name__}: {e}")
-            outcome = ReadOutcome(Found.FAILED, {"error": f"{type(e).__name__}: {e}"[:300]})
+        outcome = await read_outcome(self._strategies[rule.strategy], receipt, op, rule, params, policy)
         # database time: the retry time it writes is compared with the database's clock when claiming
         now = await asyncio.to_thread(self.store.db.now)
-        return read_verdict(receipt, rule, op.retry_safe, outcome, now, self.settings.backoff)
+        verdict = read_verdict(receipt, rule, op.retry_safe, outcome, now, self.settings.backoff)
+        needs = controls_needed(rule, verdict, outcome)
+        if not needs:
+            return verdict
+        return await self._proven(RuleTarget(op, rule, params, policy, receipt), outcome, verdict, needs)
+
+    async def _proven(self, target: RuleTarget, outcome: ReadOutcome, verdict: Verdict, needs: frozenset[ControlKind]) -> Verdict:
+        """The verdict, if the rule is proven for it (the controls run now when their proof is stale); else a
+        person's, or a failed read when a control's own read failed."""
+        proof = await self._controls.proof(target, needs)
+        failed_read = proof.read_failed
+        if failed_read is not None:
+            evidence = {**outcome.evidence, "reason": f"the {failed_read.control} control's read failed", "control_read": failed_read.evidence}
+            now = await asyncio.to_thread(self.store.db.now)
+            return read_verdict(target.base, target.rule, target.op.retry_safe, ReadOutcome(Found.FAILED, evidence), now, self.settings.backoff)
+        if proof.failed is not None:
+            b = target.base
+            log.warning("verifier_unproven", operation_id=b.operation_id, host=b.host, operation=b.operation, failed=proof.failed)
+            return unproven_verdict(target.rule, outcome, proof, verdict.state)
+        return Verdict(verdict.state, verdict.updates, {**verdict.detail, "controls": proof.summary()})
 
 
 def run_reconcile(config: ReceiptsConfig, store: ReceiptStore, once: bool) -> int:
     """Entry point of `receipts reconcile --once | --loop`."""
     configure_logging(config.logging.level, config.logging.format)
     reconciler = Reconciler(config, store)
-    if once:
-        report = asyncio.run(reconciler.run_once())
-        print(report.summary())
+    tracing.set_up()  # from the OTEL_* variables; off unless they ask for it
+    try:
+        if once:
+            report = asyncio.run(reconciler.run_once())
+            print(report.summary())
+            return 0
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(reconciler.run_forever())
         return 0
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(reconciler.run_forever())
-    return 0
+    finally:
+        tracing.shut_down()  # the verdict spans still queued are exported before the command ends

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from proxy_addon import metrics
+from proxy_addon import metrics, tracing
 from proxy_addon.config import HostPolicy, ReceiptsConfig
 from proxy_addon.exceptions import (
     DuplicateIntentError,
@@ -98,6 +98,8 @@ class WriteHandler:
         agent_key = _header(facts, policy.idempotency_key_header)
         started = time.perf_counter()
         intent, rule = await self._intent(facts, policy, agent_key, operation_id)
+        if tracing.enabled:
+            tracing.name_write(facts, intent.operation)
         waited = False
         wait_until: float | None = None
         head: str | None = None  # its history head, as its record left it: the verdict's compare-and-set needs it
@@ -200,7 +202,7 @@ class WriteHandler:
         metrics.duplicate_refused(reason)
         self._note_refusal(reason, e)
         answer = duplicates.refusal_answer(decision, agent_key, waited)
-        return Handled(answer, {"operation_id": e.operation_id, "refused": reason})
+        return Handled(answer, {"operation_id": e.operation_id, "state": e.state, "refused": reason})
 
     def _note_refusal(self, reason: str, e: DuplicateIntentError) -> None:
         """Record the refusal on a journal thread, not awaited: it never delays nor fails the answer."""
@@ -248,6 +250,8 @@ class WriteHandler:
             detail["connection"] = "reused"
         if result.resent is not None:
             detail["resent"] = result.resent  # refused unprocessed (HTTP/2), sent again once on a new connection
+        if tracing.enabled:
+            detail[tracing.TRACEPARENT] = tracing.write_traceparent()  # what a reconcile verdict's span links to
         try:
             await self._advance(intent.operation_id, verdict.state, detail, updates, head)
         except ReceiptsError as e:

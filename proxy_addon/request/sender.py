@@ -19,7 +19,7 @@ exchange, connecting included.
 
 Early answers. The upstream may answer before it has read the whole request (413 for a body too large, 401
 for bad credentials) and then close or reset the connection while the body is still being written. The
-bytes it sent before the reset are read first (`_Stream` keeps data ahead of the error that followed it), so
+bytes it sent before the reset are read first (h1client's `Stream` keeps data ahead of the error that followed it), so
 a complete answer stands whatever became of the rest of the write.
 
 Connections are reused (`upstream_connections: reuse`, the default): a handshake per write costs one round
@@ -32,25 +32,18 @@ second send on a guess, and should not into a false outcome_unknown:
   second refusal is not sent again (rejected, not sent: nothing was processed). Every other end without an
   answer is ambiguous, as on HTTP/1.1. A connection idle for `upstream_keepalive` is checked with a PING first
   (nothing is sent on a connection that no longer answers).
-- HTTP/1.1. A kept-alive connection that the upstream closes while idle fails exactly like "read the request,
-  then reset" when its close crosses our request on the wire, and nothing afterwards can tell the two apart.
-  So a connection is used again only while that crossing cannot happen: idle for less than the host's
-  `upstream_keepalive` (under the common servers' idle timeouts) and than the upstream's advertised
-  `Keep-Alive: timeout` less KEEPALIVE_MARGIN (its idle clock started before ours, and our request takes time
-  to reach it), and with nothing pending on it just before the write (an EOF or a stray byte that has arrived
-  means it is being closed: it is dropped, and a new one made). One request at a time on a connection, never
-  pipelined. What is left (an upstream that closes early for its own reasons) ends like any ambiguous end, as
-  outcome_unknown, never resent; `receipts_reused_connection_unknowns_total` counts those that got no byte of
-  an answer on a reused connection, so an operator sees whether reuse costs anything on a host and can set
-  `upstream_connections: fresh` there.
+- HTTP/1.1 (h1client.py): a connection is used again only while its idle close cannot cross our request (idle
+  under `upstream_keepalive` and the upstream's advertised `Keep-Alive: timeout`, nothing pending on it), one
+  request at a time, never pipelined. What is left (an upstream that closes early for its own reasons) ends
+  like any ambiguous end, as outcome_unknown, never resent; `receipts_reused_connection_unknowns_total` counts
+  those that got no byte of an answer on a reused connection, so an operator sees whether reuse costs anything
+  on a host and can set `upstream_connections: fresh` there.
 - `fresh` is one HTTP/1.1 connection per write: the request says `Connection: close`, and our side closes once
-  the upstream has (or after LINGER), so the TIME_WAIT stays with the upstream rather than using up this host's
-  ports.
-Idle connections are bounded (MAX_IDLE_PER_ORIGIN, each closed when its bound passes) and closed with the sender.
+  the upstream has (or after h1client.LINGER), so the TIME_WAIT stays with the upstream rather than using up
+  this host's ports. Idle connections are closed with the sender.
 """
 
 import asyncio
-import select
 import ssl
 import time
 from collections.abc import Callable
@@ -65,12 +58,9 @@ import h2.exceptions
 import h11
 
 from proxy_addon import metrics
+from proxy_addon.request.h1client import H1Connection, IdleConnections, Stream, exchange, reusable, usable_for
 from proxy_addon.request.h2client import H2Connection, Refused
 
-READ_CHUNK = 65536
-LINGER = 2.0  # seconds an answered connection waits for the upstream to close first
-KEEPALIVE_MARGIN = 1.0  # seconds taken off an upstream's advertised Keep-Alive timeout: more than any round trip
-MAX_IDLE_PER_ORIGIN = 16  # idle HTTP/1.1 connections kept per origin; more are closed
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -144,207 +134,6 @@ def classify_exception(exc: BaseException, may_be_written: bool) -> SendEnd:
     return SendEnd.ERROR
 
 
-class _Stream(asyncio.Protocol):
-    """One upstream connection's incoming bytes in order: the data first, then the EOF or the error that
-    ended it (asyncio's StreamReader raises a stored error before the data buffered ahead of it, which
-    would lose an early answer followed by a reset)."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
-        self.received = 0  # bytes received since the last `expect_answer`: 0 means no byte of an answer
-        self._ended = False  # EOF or connection lost
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        self.received += len(data)
-        self._wake()
-
-    def eof_received(self) -> bool:
-        self._ended = True
-        self._wake()
-        return False  # let the transport close (after flushing what is left to write)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._ended = True
-        if exc is not None and self._error is None:
-            self._error = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def receive(self) -> bytes:
-        """What has arrived (waiting for something); b"" once the upstream closed; the error after the data."""
-        while not self._buffer:
-            if self._ended:
-                if self._error is not None:
-                    raise self._error
-                return b""
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        data = bytes(self._buffer)
-        self._buffer.clear()
-        return data
-
-    def take_buffer(self) -> bytes:
-        """What arrived and was not read yet (for the protocol that takes the connection over)."""
-        data = bytes(self._buffer)
-        self._buffer.clear()
-        return data
-
-    @property
-    def unsent(self) -> int:
-        """Bytes of the request the transport still holds: when it shrinks, the upstream is taking the body."""
-        transport = self.transport
-        return transport.get_write_buffer_size() if transport is not None and not transport.is_closing() else 0
-
-    def close_when_upstream_has(self) -> None:
-        """Close once the upstream has closed its side (its EOF makes the transport close), or after LINGER."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if self._ended:
-            transport.close()
-        else:
-            asyncio.get_running_loop().call_later(LINGER, transport.close)
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-
-    def quiet(self) -> bool:
-        """Open, and nothing pending on it: no EOF, no error, no stray byte, neither read yet nor waiting in the
-        socket (the upstream's idle close may be there before the event loop has seen it)."""
-        transport = self.transport
-        if self._ended or self._buffer or transport is None or transport.is_closing():
-            return False
-        sock = transport.get_extra_info("socket")
-        if sock is None:
-            return False
-        poll = select.poll()
-        poll.register(sock.fileno(), select.POLLIN | select.POLLPRI)
-        try:
-            return not poll.poll(0)  # readable: data or EOF; an error or hang-up shows too
-        except OSError:
-            return False
-
-
-async def _exchange(
-    stream: _Stream, h: h11.Connection, request: list[bytes], idle: float
-) -> tuple[UpstreamResponse, h11.Response]:
-    """Write the whole request, read the whole answer. The write proceeds in the background (the transport
-    flushes it as the upstream takes it) while the answer is read, so an answer that comes early is read.
-    Returns the answer, and its head as received (its Keep-Alive header says how long the connection may idle)."""
-    assert stream.transport is not None
-    stream.transport.writelines(request)
-    response: h11.Response | None = None
-    chunks: list[bytes] = []
-    unsent = stream.unsent
-    while True:
-        event = h.next_event()
-        if event is h11.NEED_DATA:
-            try:
-                async with asyncio.timeout(idle):
-                    data = await stream.receive()
-            except TimeoutError:
-                if stream.unsent < unsent:  # no answer yet, but the upstream is still taking the body
-                    unsent = stream.unsent
-                    continue
-                raise
-            h.receive_data(data)  # b"" at EOF: h11 says whether that ends the answer or breaks it
-            continue
-        if isinstance(event, h11.Response):
-            response = event
-        elif isinstance(event, h11.Data):
-            chunks.append(event.data)
-        elif isinstance(event, h11.EndOfMessage):
-            break
-        elif isinstance(event, h11.ConnectionClosed):
-            raise h11.RemoteProtocolError("the upstream closed the connection before answering")
-        # InformationalResponse (1xx): keep reading
-    assert response is not None
-    answer = UpstreamResponse(
-        status_code=response.status_code,
-        reason=response.reason.decode("latin-1"),
-        headers=[(k, v) for k, v in response.headers.raw_items() if k.lower() not in _HOP_BY_HOP_BYTES],
-        content=b"".join(chunks),
-    )
-    return answer, response
-
-
-@dataclass(eq=False)
-class _Connection:
-    """An HTTP/1.1 connection; between writes, since when it has been idle and how long it may stay so."""
-
-    stream: _Stream
-    uses: int = 0
-    idle_since: float = 0.0
-    usable_for: float = 0.0
-    expiry: asyncio.TimerHandle | None = None
-
-    def settle(self) -> None:
-        if self.expiry is not None:
-            self.expiry.cancel()
-            self.expiry = None
-
-
-class _IdleConnections:
-    """HTTP/1.1 connections at rest, by origin (and TLS settings: one pool per sender), the most recent last.
-
-    A connection is taken only while idle for less than its bound and with nothing pending on it; each is
-    closed when its bound passes, and past MAX_IDLE_PER_ORIGIN the oldest is."""
-
-    def __init__(self, clock: Callable[[], float], per_origin: int = MAX_IDLE_PER_ORIGIN):
-        self._clock, self._per_origin = clock, per_origin
-        self._idle: dict[Origin, list[_Connection]] = {}
-
-    def take(self, origin: Origin) -> _Connection | None:
-        idle = self._idle.get(origin)
-        now = self._clock()
-        while idle:
-            conn = idle.pop()
-            conn.settle()
-            if now - conn.idle_since < conn.usable_for and conn.stream.quiet():
-                return conn
-            conn.stream.close()  # idle too long, or the upstream closed it (or sent what no request asked for)
-        return None
-
-    def put(self, origin: Origin, conn: _Connection, usable_for: float) -> None:
-        conn.idle_since, conn.usable_for = self._clock(), usable_for
-        idle = self._idle.setdefault(origin, [])
-        idle.append(conn)
-        if len(idle) > self._per_origin:
-            self._drop(origin, idle[0])
-        conn.expiry = asyncio.get_running_loop().call_later(usable_for, self._drop, origin, conn)
-
-    def _drop(self, origin: Origin, conn: _Connection) -> None:
-        conn.settle()
-        idle = self._idle.get(origin, [])
-        if conn in idle:
-            idle.remove(conn)
-        conn.stream.close()
-
-    def close(self) -> None:
-        for origin, idle in list(self._idle.items()):
-            for conn in list(idle):
-                self._drop(origin, conn)
-        self._idle.clear()
-
-
 @dataclass
 class _Request:
     """A request ready to go: its origin, its HTTP/1.1 bytes with the h11 connection that will read the answer,
@@ -366,7 +155,7 @@ class _Attempt:
         self.written = False  # a byte of the request may have reached the upstream
         self.reused = False
         self.resent: str | None = None
-        self.h1: _Connection | None = None  # the HTTP/1.1 connection in use, to abort on failure
+        self.h1: H1Connection | None = None  # the HTTP/1.1 connection in use, to abort on failure
 
     def failed(self, e: Exception, deadline_expired: bool, started: float) -> SendResult:
         end = classify_exception(e, self.written)
@@ -402,9 +191,9 @@ class UpstreamSender:
         self._ssl_reuse = _ssl_context(tls, ["h2", "http/1.1"])
         self._slots = asyncio.Semaphore(max_connections)
         self._clock = clock
-        self._idle = _IdleConnections(clock)
+        self._idle = IdleConnections(clock)
         self._h2: dict[Origin, H2Connection] = {}
-        self._connecting: dict[Origin, asyncio.Future[H2Connection | _Connection]] = {}  # to an origin that speaks h2
+        self._connecting: dict[Origin, asyncio.Future[H2Connection | H1Connection]] = {}  # to an origin that speaks h2
 
     async def send_once(
         self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, timeouts: Timeouts
@@ -441,7 +230,7 @@ class UpstreamSender:
             return await self._over_h2(channel, request, attempt)
         return await self._over_h1(channel, request, attempt)
 
-    async def _channel(self, origin: Origin, attempt: _Attempt) -> "H2Connection | _Connection":
+    async def _channel(self, origin: Origin, attempt: _Attempt) -> "H2Connection | H1Connection":
         """A connection to send on: the origin's HTTP/2 one (checked with a PING after upstream_keepalive of
         idleness), an idle HTTP/1.1 one fit for reuse, or a new one."""
         keepalive = attempt.timeouts.keepalive
@@ -458,7 +247,7 @@ class UpstreamSender:
             return kept
         return await self._connect_shared(origin, shared)
 
-    async def _connect_shared(self, origin: Origin, replaced: H2Connection | None) -> "H2Connection | _Connection":
+    async def _connect_shared(self, origin: Origin, replaced: H2Connection | None) -> "H2Connection | H1Connection":
         """A new connection. To an origin known to speak HTTP/2 (`replaced` is its last connection), one for all the
         writes that want one at once: a GOAWAY mid-burst would otherwise make a connection per refused stream."""
         if replaced is None:
@@ -473,15 +262,15 @@ class UpstreamSender:
             return channel
         return await self._connect(origin, self._ssl_reuse)  # HTTP/1.1 after all: a connection of its own
 
-    async def _over_h1(self, conn: _Connection, request: _Request, attempt: _Attempt) -> UpstreamResponse:
+    async def _over_h1(self, conn: H1Connection, request: _Request, attempt: _Attempt) -> UpstreamResponse:
         attempt.h1 = conn
         attempt.written = True  # from here on the upstream may receive the request and act on it
         conn.stream.received = 0
-        answer, head = await _exchange(conn.stream, request.h, request.chunks, attempt.timeouts.idle)
+        head, body = await exchange(conn.stream, request.h, request.chunks, attempt.timeouts.idle)
         conn.uses += 1
         attempt.h1 = None
         self._after(request.origin, conn, request.h, head, attempt.timeouts.keepalive)
-        return answer
+        return _h1_answer(head, body)
 
     async def _over_h2(self, conn: H2Connection, request: _Request, attempt: _Attempt) -> UpstreamResponse:
         """One stream; if the upstream refused it unprocessed, once more on a new connection, and no more."""
@@ -508,17 +297,17 @@ class UpstreamSender:
             return await self._over_h1(channel, request, attempt)
         return _h2_answer(head, body)
 
-    async def _connect(self, origin: Origin, context: ssl.SSLContext) -> "H2Connection | _Connection":
+    async def _connect(self, origin: Origin, context: ssl.SSLContext) -> "H2Connection | H1Connection":
         """A new connection; over TLS, HTTP/2 when the upstream chose it by ALPN (it becomes the origin's shared one)."""
         scheme, host, port = origin
         loop = asyncio.get_running_loop()
         if scheme != "https":
-            _, stream = await loop.create_connection(_Stream, host, port)
-            return _Connection(stream)
-        transport, stream = await loop.create_connection(_Stream, host, port, ssl=context, server_hostname=host)
+            _, stream = await loop.create_connection(Stream, host, port)
+            return H1Connection(stream)
+        transport, stream = await loop.create_connection(Stream, host, port, ssl=context, server_hostname=host)
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is None or ssl_object.selected_alpn_protocol() != "h2":
-            return _Connection(stream)
+            return H1Connection(stream)
         conn = H2Connection(self._clock)
         transport.set_protocol(conn)
         conn.connection_made(transport)
@@ -532,16 +321,16 @@ class UpstreamSender:
         return conn
 
     def _after(
-        self, origin: Origin, conn: _Connection, h: h11.Connection, head: h11.Response, keepalive: float | None
+        self, origin: Origin, conn: H1Connection, h: h11.Connection, head: h11.Response, keepalive: float | None
     ) -> None:
         """Keep an answered connection for the next write when both sides may go on with it; else close it: now,
         when the upstream would keep it open, or once it has closed its side (the TIME_WAIT stays with it)."""
-        if not _reusable(h, conn.stream):
+        if not reusable(h, conn.stream):
             conn.stream.close_when_upstream_has()
             return
-        usable_for = _usable_for(head, keepalive)
-        if usable_for > 0:
-            self._idle.put(origin, conn, usable_for)
+        idle_bound = usable_for(head, keepalive)
+        if idle_bound > 0:
+            self._idle.put(origin, conn, idle_bound)
         else:
             conn.stream.close()
 
@@ -570,6 +359,11 @@ async def _answers_ping(conn: H2Connection) -> bool:
     return True
 
 
+def _h1_answer(head: h11.Response, body: bytes) -> UpstreamResponse:
+    headers = [(k, v) for k, v in head.headers.raw_items() if k.lower() not in _HOP_BY_HOP_BYTES]
+    return UpstreamResponse(status_code=head.status_code, reason=head.reason.decode("latin-1"), headers=headers, content=body)
+
+
 def _h2_answer(head: list[tuple[bytes, bytes]], body: bytes) -> UpstreamResponse:
     status = int(next(v for k, v in head if k == b":status"))
     try:
@@ -578,41 +372,6 @@ def _h2_answer(head: list[tuple[bytes, bytes]], body: bytes) -> UpstreamResponse
         reason = ""
     headers = [(k, v) for k, v in head if not k.startswith(b":") and k.lower() not in _HOP_BY_HOP_BYTES]
     return UpstreamResponse(status_code=status, reason=reason, headers=headers, content=body)
-
-
-def _reusable(h: h11.Connection, stream: _Stream) -> bool:
-    """Both sides finished this exchange and may go on (no `Connection: close`, no HTTP/1.0, no answer delimited by
-    the close), the whole request has left, and nothing came after the answer."""
-    return (
-        h.our_state is h11.DONE
-        and h.their_state is h11.DONE
-        and not any(h.trailing_data)
-        and stream.unsent == 0
-        and stream.quiet()
-    )
-
-
-def _usable_for(head: h11.Response, keepalive: float | None) -> float:
-    """How long the connection may idle and still be used: `upstream_keepalive`, and less than the upstream's
-    advertised `Keep-Alive: timeout=N` by KEEPALIVE_MARGIN (its idle clock started before ours, and our request
-    takes time to reach it); 0 when `max=0` says it takes no more requests, or when reuse is off."""
-    if keepalive is None:
-        return 0.0
-    bound = keepalive
-    for name, value in head.headers:
-        if name != b"keep-alive":  # h11 lower-cases header names
-            continue
-        for param in value.decode("latin-1").split(","):
-            key, _, number = param.strip().partition("=")
-            try:
-                parsed = float(number.strip().strip('"'))
-            except ValueError:
-                continue
-            if key.strip().lower() == "timeout":
-                bound = min(bound, parsed - KEEPALIVE_MARGIN)
-            elif key.strip().lower() == "max" and parsed <= 0:
-                bound = 0.0
-    return max(bound, 0.0)
 
 
 def _timeout_text(timeouts: Timeouts, deadline_expired: bool, written: bool, acquired: bool) -> str:

@@ -1,13 +1,15 @@
 """Operation rules: the per-route settings of config.yaml (path templates, what identifies a write, where its
 external id is, how the reconciler reads it), validated at load with one line naming what is wrong."""
 
+import hashlib
+import json
 import re
 from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from proxy_addon.units import Duration, JsonPath, JsonPathField, StrictModel, compile_jsonpath
+from proxy_addon.units import Duration, JsonPath, JsonPathField, PositiveDuration, StrictModel, compile_jsonpath
 
 MUTATING_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 # -- any HTTP method token may be journaled (PURGE, MKCOL, ...), not only the four above: what the protocol seam reads --
@@ -42,6 +44,12 @@ PLACEHOLDER_RE = re.compile(r"\{([a-z_]+(?:\.[A-Za-z0-9_.\-]+)?)\}")  # as the r
 _URL_PLACEHOLDERS = {"scheme", "host", "port", "netloc", "external_id", "idempotency_key", "operation_id", "submitted_at"}
 
 
+class ControlSettings(StrictModel):
+    """The verifier controls of a read rule (reconcile/controls.py): how fresh a proof a verdict needs."""
+
+    max_age: PositiveDuration = 3600.0
+
+
 class ReconcileRule(StrictModel):
     strategy: Literal["lookup", "search", "resend_with_key"]
     method: Literal["GET", "HEAD", "POST"] = "GET"  # POST: a read sent as a POST (a GraphQL query, an MCP read tool)
@@ -59,6 +67,7 @@ class ReconcileRule(StrictModel):
     next_page: JsonPathField | None = None  # search: where the next page's URL is in a page
     time_field: JsonPathField | None = None  # search: a candidate's creation time, to bound the window
     window: Duration = 3600.0  # search: candidates created this long before or after submission
+    controls: ControlSettings = ControlSettings()  # lookup and search: a verdict needs the rule proven to see
 
     @field_validator("url")
     @classmethod
@@ -89,6 +98,12 @@ class ReconcileRule(StrictModel):
         if self.body is not None and self.method != "POST":
             raise ValueError("body is sent only with method POST")
         return self
+
+    @cached_property
+    def digest(self) -> str:
+        """The rule as written: the verifier controls' runs of a rule since edited prove nothing about it."""
+        written = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(written.encode()).hexdigest()
 
     @cached_property
     def match_paths(self) -> list[tuple[JsonPath, JsonPath]]:
@@ -139,7 +154,7 @@ class OperationRule(StrictModel):
             raise ValueError("absent_means: succeeded is only allowed for DELETE")
         if r and (r.url or r.body is not None):
             params = set(compile_path_template(self.path).groupindex)
-            for name in [*PLACEHOLDER_RE.findall(r.url or ""), *_template_placeholders(r.body)]:
+            for name in [*PLACEHOLDER_RE.findall(r.url or ""), *template_placeholders(r.body)]:
                 if name.startswith("path.") and name[5:] not in params:
                     raise ValueError(f"reconcile url uses {{{name}}}, but path {self.path} has no {{{name[5:]}}}")
         return self
@@ -153,14 +168,14 @@ def known_placeholder(name: str) -> bool:
     return name in _URL_PLACEHOLDERS or name.startswith(("path.", "body."))
 
 
-def _template_placeholders(template: Any) -> list[str]:
+def template_placeholders(template: Any) -> list[str]:
     """The placeholders of a JSON body template, at any depth (other braces, as GraphQL writes them, are text)."""
     if isinstance(template, str):
         return [n for n in PLACEHOLDER_RE.findall(template) if known_placeholder(n)]
     if isinstance(template, dict):
-        return [n for k, v in template.items() for n in (*_template_placeholders(k), *_template_placeholders(v))]
+        return [n for k, v in template.items() for n in (*template_placeholders(k), *template_placeholders(v))]
     if isinstance(template, list):
-        return [n for v in template for n in _template_placeholders(v)]
+        return [n for v in template for n in template_placeholders(v)]
     return []
 
 

@@ -132,6 +132,27 @@ class RefusalRecord:
 
 
 @dataclass(frozen=True)
+class ControlRunRecord:
+    """One run of a verifier control on a read rule (`verifier_controls`), kept with its history."""
+
+    checked_at: datetime
+    host: str
+    port: int
+    operation: str
+    account: str
+    rule: str  # the rule's digest (reconcile/controls.py, rule_digest): runs of an edited rule prove nothing
+    control: str  # ControlKind
+    result: str  # ControlResult
+    known_operation_id: str | None = None  # the succeeded receipt a positive control was run on
+    evidence: dict[str, Any] = field(default_factory=dict)
+    id: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.result == "passed"
+
+
+@dataclass(frozen=True)
 class Recovered:
     """A receipt that recovery or the orphan sweep settled on behalf of an instance."""
 

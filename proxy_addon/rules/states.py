@@ -59,3 +59,20 @@ class RefusalReason(StrEnum):
     DUPLICATE_SUCCEEDED_REPLAY = "duplicate_succeeded_replay"
     DUPLICATE_SUCCEEDED_REFUSE = "duplicate_succeeded_refuse"
     IDEMPOTENCY_KEY_MISMATCH = "idempotency_key_mismatch"
+
+
+class ControlKind(StrEnum):
+    """The two verifier controls of a read rule: it finds a known effect, and it finds nothing for a probe."""
+
+    POSITIVE = "positive"
+    NEGATIVE = "negative"
+
+
+class ControlResult(StrEnum):
+    """What one run of a verifier control showed. `read_failed` proves nothing either way (a failed read of
+    the rule); `no_known_success` is a positive control with no effect to be run on."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    READ_FAILED = "read_failed"
+    NO_KNOWN_SUCCESS = "no_known_success"

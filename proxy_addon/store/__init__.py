@@ -8,7 +8,8 @@
 - `refusals`: refused and replayed duplicates;
 - `retention`: counts and pruning;
 - `scrub`: rows from earlier versions redacted again with today's rules (`receipts scrub`);
-- `audit`: the audit trail's chains, checkpoints and records (`receipts verify`, `receipts checkpoint`).
+- `audit`: the audit trail's chains, checkpoints and records (`receipts verify`, `receipts checkpoint`);
+- `controls`: the runs of the read rules' verifier controls, and the known successes they are run on.
 """
 
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ class ReceiptStore:
         # The parts are imported when a store is made, not with this package: the journal writer process
         # imports the tables alone (store/tables.py), and none of the rest, whose imports it would pay at start.
         from proxy_addon.store.audit import AuditTrail
+        from proxy_addon.store.controls import ControlRuns
         from proxy_addon.store.database import Database
         from proxy_addon.store.instances import Instances
         from proxy_addon.store.queue import ReconcileQueue
@@ -39,3 +41,4 @@ class ReceiptStore:
         self.retention = Retention(self.db)
         self.scrub = Scrubber(self.db)
         self.audit = AuditTrail(self.db)
+        self.controls = ControlRuns(self.db)

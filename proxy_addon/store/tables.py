@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from proxy_addon.rules.states import OPEN_STATES, RefusalReason, State
+from proxy_addon.rules.states import OPEN_STATES, ControlKind, ControlResult, RefusalReason, State
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -237,4 +237,38 @@ class AuditRecord(Base):
     __table_args__ = (
         CheckConstraint("kind IN ('pruned', 'rechained', 'migrated')", name="kind"),
         Index("ix_audit_records_operation_id", "operation_id"),
+    )
+
+
+_CONTROL_LIST = ", ".join(f"'{k.value}'" for k in ControlKind)
+_CONTROL_RESULT_LIST = ", ".join(f"'{r.value}'" for r in ControlResult)
+
+
+class VerifierControl(Base):
+    """One run of a verifier control on a read rule, for one host, operation and account; append-only history.
+
+    A verdict of the reconciler trusts a rule only while its latest runs passed within `controls.max_age`.
+    `known_operation_id` is not a foreign key, so that a run outlives the pruning of the receipt it was run on.
+    `evidence` is what was read, redacted like every transition's detail.
+    """
+
+    __tablename__ = "verifier_controls"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    checked_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    host: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer)
+    operation: Mapped[str] = mapped_column(Text)
+    account: Mapped[str] = mapped_column(String(80))
+    rule: Mapped[str] = mapped_column(String(80))  # the rule's digest: an edited rule is not proven by the old one's runs
+    control: Mapped[str] = mapped_column(String(16))
+    result: Mapped[str] = mapped_column(String(24))
+    known_operation_id: Mapped[str | None] = mapped_column(String(64))
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+    __table_args__ = (
+        CheckConstraint(f"control IN ({_CONTROL_LIST})", name="control"),
+        CheckConstraint(f"result IN ({_CONTROL_RESULT_LIST})", name="result"),
+        Index("ix_verifier_controls_rule", "host", "port", "operation", "account", "rule", "control", "checked_at"),
+        Index("ix_verifier_controls_checked_at", "checked_at"),
     )

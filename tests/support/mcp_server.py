@@ -4,7 +4,8 @@ the SDK's own client pointed at it through a proxy.
 Tools: `create_ticket` (a write), `slow_ticket` (a write that acts, then takes `seconds` to answer),
 `progress_ticket` (reports progress, so the server answers with server-sent events), `guarded_ticket` (asks
 the user to confirm first: at 2026-07-28 an `input_required` result, MCP's multi-round-trip), and
-`list_tickets` (a read, with structured content, for the reconciler).
+`list_tickets` and `list_tickets_reporting` (reads, with structured content, for the reconciler; the second
+reports progress, so its answer comes as server-sent events).
 """
 
 import threading
@@ -93,15 +94,25 @@ class TicketDesk:
             with self.lock:
                 return Tickets(items=list(self.tickets))
 
+        @server.tool()
+        async def list_tickets_reporting(ctx: Context) -> Tickets:
+            """The tickets, reporting progress on the way (so the answer comes as server-sent events)."""
+            await ctx.report_progress(0.5, 1.0, "reading")
+            with self.lock:
+                return Tickets(items=list(self.tickets))
+
         # requests arrive through the proxy, Host 127.0.0.1:<port>: no DNS-rebinding guard needed on loopback
         security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
         return server.streamable_http_app(transport_security=security)
 
 
 @asynccontextmanager
-async def mcp_client(proxy_url: str, url: str, mode: str = "auto", **kw: Any) -> AsyncIterator[Client]:
-    """The SDK's client for `url`, through the proxy (its own HTTP client, told where the proxy is)."""
-    http = httpx2.AsyncClient(proxy=proxy_url, timeout=httpx2.Timeout(30.0, read=60.0))
+async def mcp_client(
+    proxy_url: str, url: str, mode: str = "auto", headers: dict[str, str] | None = None, **kw: Any
+) -> AsyncIterator[Client]:
+    """The SDK's client for `url`, through the proxy (its own HTTP client, told where the proxy is, sending
+    `headers` with every request)."""
+    http = httpx2.AsyncClient(proxy=proxy_url, timeout=httpx2.Timeout(30.0, read=60.0), headers=headers)
     async with http, Client(streamable_http_client(url, http_client=http), mode=mode, **kw) as client:
         yield client
 

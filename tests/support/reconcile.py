@@ -56,9 +56,40 @@ class Env:
             return outcome_unknown(r)
         return self._unknown_without_proxy(method, path, document, headers or {})
 
+    def known_success(self, path: str, document: Any, method: str = "POST") -> str:
+        """A write that succeeded (the world must be in its `ok` mode): the known effect a read rule's positive
+        control is run on. Through the proxy, or journaled as the proxy would have. Returns the receipt's id."""
+        if self.client is not None:
+            r = self.client.request(method, self.world.base + path, json=document)
+            assert r.status_code < 300 and r.headers["X-Receipt-State"] == "succeeded", r.text
+            return r.headers["X-Receipt-Id"]
+        operation_id, facts, sent, body = self._journaled(method, path, document, {})
+        r = httpx.request(method, facts.url, headers=sent, content=body, timeout=10, trust_env=False)
+        assert r.status_code < 300, r.text
+        found = r.json().get("id") if r.content else None
+        self.store.receipts.transition(
+            operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": AS_IF_PROXY}, status_code=r.status_code,
+            external_id=None if found is None else str(found),
+        )
+        return operation_id
+
     def _unknown_without_proxy(self, method: str, path: str, document: Any, headers: dict[str, str]) -> str:
         """The proxy's own steps, with its own code for the intent: journal (planned, submitted), send the write to
         the world, and once the world is done with it (stored or not, now hanging), record the timeout."""
+        operation_id, facts, sent, body = self._journaled(method, path, document, headers)
+        before = self.world.settled_writes
+        threading.Thread(target=_send_and_forget, args=(method, facts.url, sent, body), daemon=True).start()
+        assert self.world.wait_settled(before + 1), "the world never took the write"
+        self.store.receipts.transition(
+            operation_id, State.SUBMITTED, State.OUTCOME_UNKNOWN, {"who": AS_IF_PROXY, "end": "upstream_timeout"},
+            error_code="upstream_timeout", error_message="TimeoutError: read timeout (as the proxy would say)",
+        )
+        return operation_id
+
+    def _journaled(
+        self, method: str, path: str, document: Any, headers: dict[str, str]
+    ) -> tuple[str, RequestFacts, dict[str, str], bytes]:
+        """The receipt the proxy would write, `submitted`, before it sends the write."""
         policy = self.config.policy_for("127.0.0.1", self.world.port)
         body = b"" if document is None else json.dumps(document).encode()
         sent = {**({"content-type": "application/json"} if body else {}), **headers}
@@ -72,14 +103,7 @@ class Env:
         hasher = AccountHasher(load_or_create_key(self.config.secret_file))
         intent, _ = build_intent(facts, policy, hasher, AS_IF_PROXY, self.config.proxy.max_stored_body, key, operation_id)
         self.store.receipts.record_and_submit(intent, policy.after_success, AS_IF_PROXY)
-        before = self.world.settled_writes
-        threading.Thread(target=_send_and_forget, args=(method, facts.url, sent, body), daemon=True).start()
-        assert self.world.wait_settled(before + 1), "the world never took the write"
-        self.store.receipts.transition(
-            operation_id, State.SUBMITTED, State.OUTCOME_UNKNOWN, {"who": AS_IF_PROXY, "end": "upstream_timeout"},
-            error_code="upstream_timeout", error_message="TimeoutError: read timeout (as the proxy would say)",
-        )
-        return operation_id
+        return operation_id, facts, sent, body
 
     def reconcile(self, worker_id: str | None = None) -> PassReport:
         return asyncio.run(Reconciler(self.config, self.store, worker_id).run_once())
@@ -98,7 +122,7 @@ def emptied(database_url: str) -> str:
     engine = make_engine(database_url)
     try:
         with engine.begin() as conn:
-            for table in ("receipt_transitions", "receipts", "proxy_instances"):
+            for table in ("receipt_transitions", "receipts", "proxy_instances", "verifier_controls"):
                 conn.execute(text(f"DELETE FROM {table}"))
     finally:
         engine.dispose()

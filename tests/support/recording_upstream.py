@@ -101,9 +101,10 @@ class RecordingUpstream(Served):
         with self.lock:
             return self.in_progress[mode] if mode else sum(self.in_progress.values())
 
-    def read_count(self) -> int:
+    def read_count(self, probes: bool = True) -> int:
+        """GETs received; without the verifier controls' probes (an item that cannot exist) when `probes` is false."""
         with self.lock:
-            return len(self.reads)
+            return len([r for r in self.reads if probes or "receipts-probe-" not in r.path])
 
 
 class _Handler(BaseHTTPRequestHandler):

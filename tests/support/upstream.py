@@ -29,6 +29,7 @@ class Upstream(Served):
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_id: int = 1000
     gates: dict[str, threading.Event] = field(default_factory=dict)
+    absent: str | None = None  # a GET whose path holds this text answers 404; any other path is answered (a catch-all)
 
     def gate(self, path: str) -> threading.Event:
         with self.lock:
@@ -75,6 +76,8 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         q = parse_qs(url.query)
         parts = url.path.strip("/").split("/")
+        if self.command == "GET" and up.absent is not None and up.absent in url.path:
+            return self._send(404, {"error": "no such thing"})
         if parts[0] == "reset":
             # read the request, then reset the connection: the server may have acted
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

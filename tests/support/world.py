@@ -14,7 +14,8 @@ Resources live in memory; switches on the `World` decide, per test, how writes e
   its answer (with `payment_mode: commit_then_hang`, then hangs); a re-send with the same key gets the stored
   answer with 200 and never creates a second payment.
 - `POST /api/hang/...`: never answers, stores nothing.
-- `fail_reads(n)`: the next n GETs answer 500. `read_delay`: seconds every GET waits before answering.
+- `fail_reads(n)`: the next n GETs answer 500, `failing_paths` every GET whose path holds that text. `read_delay`:
+  seconds every GET waits before answering.
 Every hang waits on one event that `stop()` sets, so no handler thread outlives its test for long.
 """
 
@@ -76,6 +77,7 @@ class World(Served):
     next_link_base: str = ""
     hang_seconds: float = 5.0
     failing_reads: int = 0
+    failing_paths: str | None = None  # reads whose path holds this text answer 500, however many
     settled_writes: int = 0  # writes the world has done with (stored or not, answered or now hanging)
     settled: threading.Condition = field(default_factory=threading.Condition)
     _next_id: int = 100
@@ -236,6 +238,7 @@ class _Handler(BaseHTTPRequestHandler):
             failing = w.failing_reads > 0
             if failing:
                 w.failing_reads -= 1
+            failing = failing or (w.failing_paths is not None and w.failing_paths in request.path)
         if failing:
             return self._send(500, {"error": "read replica unavailable"})
         now = time.monotonic()

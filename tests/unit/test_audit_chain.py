@@ -172,10 +172,10 @@ def test_a_step_whose_head_moved_on_in_the_same_state_reads_it_again(store, head
 
 
 def test_the_migration_chains_the_history_already_there(db_url):
-    """A journal from before the chain: migration 0004 chains its rows as they are, says so once, and the
+    """A journal from before the chain: migration 0005 chains its rows as they are, says so once, and the
     first checkpoint signs that note."""
     cfg = alembic_config(db_url)
-    command.upgrade(cfg, "0003")
+    command.upgrade(cfg, "0004")
     engine = make_engine(db_url)
     old = raw_row(fp(), state="succeeded")
     at = utcnow()
@@ -192,7 +192,7 @@ def test_the_migration_chains_the_history_already_there(db_url):
         assert report.ok and (report.receipts, report.rows) == (1, 3)
         assert ["1 receipts with 3 history rows" in note for note in report.notes] == [True]
         checkpoint(store)
-        assert "migration 0004" in (store.audit.checkpoints()[0].note or "")
+        assert "migration 0005" in (store.audit.checkpoints()[0].note or "")
     finally:
         engine.dispose()
 

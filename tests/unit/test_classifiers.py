@@ -5,6 +5,7 @@ gets when an earlier receipt stands in its way: test_duplicates.py."""
 import gzip
 import json
 
+import h2.exceptions
 import h11
 import pytest
 
@@ -27,6 +28,7 @@ POLICY = parse_config("hosts: {}").policy_for("api.example.com", 443)
         (ConnectionResetError(), True, SendEnd.RESET),
         (EOFError(), True, SendEnd.RESET),
         (h11.RemoteProtocolError("garbage"), True, SendEnd.RESET),
+        (h2.exceptions.ProtocolError("a frame HTTP/2 forbids"), True, SendEnd.RESET),
         (ValueError("anything else"), True, SendEnd.ERROR),
     ],
 )

@@ -212,3 +212,16 @@ def test_a_repeat_that_waited_and_gave_up_while_the_original_is_still_in_flight_
     got = duplicates.refusal_answer(duplicates.decide_retry(Blocker(BlockKind.OPEN, in_flight), REPLAY), None, waited=True)
     assert got.status == 409 and problem_of(got)["type"].endswith(":duplicate-open")
     assert got.header(answers.RECEIPT_STATE_HEADER) == "submitted"
+
+
+@pytest.mark.parametrize(
+    ("policy", "window", "blocks_for"),
+    [
+        ("replay", 900.0, 900.0),
+        ("refuse", 60.0, 60.0),
+        ("replay", 0.0, None),  # no window: a success blocks nothing, not even for an instant
+        ("allow", 900.0, None),  # allow: a success never blocks, whatever the window
+    ],
+)
+def test_how_long_a_success_blocks_a_repeat(policy, window, blocks_for):
+    assert duplicates.successes_block_for(AfterSuccess(policy=policy, window=window)) == blocks_for

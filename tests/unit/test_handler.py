@@ -62,15 +62,18 @@ def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         addon, sender = Receipts(), FakeSender(*results)
         addon.writer = WriterThread  # the writer's own loop, in a thread: no process to start per test
 
-        def run(flow: Any, *more: Any) -> Any:
-            """The flows one after the other, on one event loop (so one journal writer); the first returned."""
+        def run(flow: Any, *more: Any, together: bool = False) -> Any:
+            """The flows one after the other (or all at once), on one event loop (so one journal writer); the
+            first returned."""
 
             async def go() -> None:
                 with taddons.context(addon) as tctx:
                     tctx.configure(addon, receipts_config=str(path), receipts_database_url=url)
                     assert addon.handler is not None
                     addon.handler.sender = sender
-                    for f in (flow, *more):
+                    if together:
+                        await asyncio.gather(*(addon.request(f) for f in (flow, *more)))
+                    for f in () if together else (flow, *more):
                         await addon.request(f)
 
             asyncio.run(go())
@@ -139,6 +142,42 @@ def test_a_repeat_while_the_outcome_is_unknown_is_refused_and_not_sent(journal):
     assert again.response.status_code == 409 and json.loads(again.response.content)["type"].endswith("duplicate-open")
     assert again.response.headers["X-Receipt-Id"] == first.response.headers["X-Receipt-Id"]
     assert len(sender.sent) == 1 and again.metadata[METADATA_KEY]["refused"] == "duplicate_open"
+
+
+def test_under_refuse_a_repeat_of_an_original_still_in_flight_is_refused_at_once(journal, monkeypatch):
+    """`in_flight: refuse` (the default): a repeat is not held to wait for its original's verdict."""
+    from proxy_addon.request.waiters import VerdictWaiters
+
+    gate = asyncio.Event()  # the original stays in flight until the repeat has its answer, or waits
+    waited: list[str] = []
+    real_wait, real_request = VerdictWaiters.wait, Receipts.request
+
+    async def wait(self: VerdictWaiters, operation_id: str, *args: Any) -> None:
+        waited.append(operation_id)
+        gate.set()
+        await real_wait(self, operation_id, *args)
+
+    async def request(self: Receipts, flow: Any) -> None:
+        await real_request(self, flow)
+        gate.set()
+
+    monkeypatch.setattr(VerdictWaiters, "wait", wait)
+    monkeypatch.setattr(Receipts, "request", request)
+    run, _, sender = journal(created())
+    scripted = sender.send_once
+
+    async def held(*args: Any) -> SendResult:
+        result = await scripted(*args)
+        await gate.wait()
+        return result
+
+    sender.send_once = held  # type: ignore[method-assign]
+    flows = [post(), post()]
+    run(*flows, together=True)
+    assert waited == []
+    original, repeat = sorted(flows, key=lambda f: f.response.status_code)  # whichever was journaled first
+    assert original.response.status_code == 201 and len(sender.sent) == 1
+    assert repeat.response.status_code == 409 and json.loads(repeat.response.content)["type"].endswith("duplicate-open")
 
 
 def test_a_repeat_after_success_is_replayed(journal):

@@ -65,7 +65,9 @@ def test_committed_then_timed_out_lookup_finds_it(make_env):
     assert d["read"]["url"] == f"{env.world.base}/api/articles/{client_id}"
     assert (d["read"]["status"], d["result"], d["matched_id"]) == (200, "present", client_id)
     assert_unknown_kept(env.store, op)
-    assert [r.path for r in env.world.received("GET")] == [f"/api/articles/{client_id}"]
+    read, probe = [r.path for r in env.world.received("GET")]  # the read, then its negative control's
+    assert read == f"/api/articles/{client_id}" and probe.startswith("/api/articles/receipts-probe-")
+    assert [c["control"] for c in d["controls"]] == ["negative"]
 
 
 def test_lookup_finding_a_different_resource_goes_to_a_person(make_env):
@@ -271,7 +273,9 @@ def test_the_read_credential_comes_from_the_environment_and_is_never_stored(make
     env.reconcile()
 
     assert env.store.receipts.get(op).state == "succeeded"
-    assert [r.headers["authorization"] for r in env.world.received("GET")] == ["Bearer read-secret-123"]
+    reads = env.world.received("GET")  # the read, and its negative control's, alike
+    assert len(reads) == 2 and {r.headers["authorization"] for r in reads} == {"Bearer read-secret-123"}
+    assert "read-secret-123" not in repr(env.store.controls.history())
     assert "read-secret-123" not in repr(env.store.receipts.history(op)) + repr(env.store.receipts.get(op))
 
 
@@ -340,6 +344,7 @@ def test_search_calls_absent_once_the_page_reaches_back_past_the_write(make_env)
     one_page = search(url="{scheme}://{netloc}/api/articles?per_page=2", time_field="$.created_at")
     env = make_env([articles_rule(one_page)])
     env.world.add_article("older than the write", "y")
+    known = env.known_success("/api/articles", {"title": title(), "body_markdown": "a known success"})
     env.world.article_mode = HANG_WITHOUT_STORE
     op = env.unknown("/api/articles", {"title": title(), "body_markdown": "x"})
     env.world.add_article("newer", "y")
@@ -347,10 +352,15 @@ def test_search_calls_absent_once_the_page_reaches_back_past_the_write(make_env)
     env.reconcile()
 
     assert env.store.receipts.get(op).state == "safe_to_retry"
+    controls = {c["control"]: c["result"] for c in verdict(env.store, op).detail["controls"]}
+    assert controls == {"negative": "passed", "positive": "passed"}
+    (positive,) = [r for r in env.store.controls.history() if r.control == "positive"]
+    assert (positive.known_operation_id, positive.evidence["matched_id"]) == (known, env.store.receipts.get(known).external_id)
 
 
 def test_delete_that_happened_with_absent_means_succeeded(make_env):
     env = make_env([delete_rule("succeeded")])
+    env.known_success(f"/api/articles/{env.world.add_article(title(), 'deleted before')}", None, method="DELETE")
     victim = env.world.add_article(title(), "to delete")
     env.world.delete_mode = DELETE_THEN_HANG
     op = env.unknown(f"/api/articles/{victim}", None, method="DELETE")

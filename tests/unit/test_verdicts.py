@@ -29,6 +29,13 @@ def test_the_verdict_of_each_status(status, state):
     assert is_success(status) == (state == State.SUCCEEDED)
 
 
+@pytest.mark.parametrize("status", [200, 202, 303, 409])
+def test_a_status_the_host_lists_as_unknown_is_unknown_even_when_it_would_be_a_success(status):
+    policy = parse_config(f"hosts: {{api.example.com: {{unknown_statuses: [{status}]}}}}").policy_for("api.example.com", 443)
+    verdict = send_verdict(answered(status), policy, None)
+    assert (verdict.state, verdict.status_code, verdict.error_code) == (State.OUTCOME_UNKNOWN, status, "upstream_status")
+
+
 @pytest.mark.parametrize("end, state", [
     (SendEnd.NOT_SENT, State.REJECTED), (SendEnd.TIMEOUT, State.OUTCOME_UNKNOWN),
     (SendEnd.RESET, State.OUTCOME_UNKNOWN), (SendEnd.ERROR, State.OUTCOME_UNKNOWN),

@@ -10,7 +10,7 @@ from proxy_addon.admin.views import list_filters, status_of
 from proxy_addon.exceptions import InvalidResolutionError, NotResolvableError, StaleStateError
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import RESOLUTION_STATES, RESOLVABLE_STATES, State
-from proxy_addon.views import documents, journaled, review
+from proxy_addon.views import documents, journaled, review, rule_health
 
 routes = Routes()
 FORM_FIELDS = ("state", "note", "external_id", "who")
@@ -32,6 +32,7 @@ def index() -> str:
         host=request.args.get("host", ""),
         host_filter=host,
         older_than=request.args.get("older_than", ""),
+        rule_health=rule_health.stored_health(store, admin().config),
     )
 
 

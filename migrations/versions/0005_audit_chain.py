@@ -1,8 +1,8 @@
 """audit chain: receipt_transitions.hash, receipts.history_head, audit_checkpoints, audit_records
 
-Revision ID: 0004
-Revises: 0003
-Create Date: 2027-01-20
+Revision ID: 0005
+Revises: 0004
+Create Date: 2027-02-10
 
 Every history row gets `hash` (audit/chain.py: its content and the previous row's hash for the same
 receipt, the first row chained from the receipt's identity) and every receipt its chain's head. The history
@@ -22,8 +22,8 @@ from alembic import op
 from proxy_addon.audit.chain import Identity, chained, genesis
 from proxy_addon.store.tables import UTCDateTime
 
-revision: str = '0004'
-down_revision: str | None = '0003'
+revision: str = '0005'
+down_revision: str | None = '0004'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -86,7 +86,7 @@ def _chain_existing_history(conn: sa.Connection) -> None:
         receipts += len(batch)
         after = batch[-1].operation_id
     if receipts:
-        note = f"{receipts} receipts with {rows} history rows existed before the audit chain; migration 0004 chained them as they were"
+        note = f"{receipts} receipts with {rows} history rows existed before the audit chain; migration 0005 chained them as they were"
         conn.execute(sa.insert(_records).values(operation_id="*", kind="migrated", recorded_at=datetime.now(UTC), note=note))
 
 
