@@ -22,10 +22,14 @@ PREFIX = "sha256:"
 VERSION = 1  # in every hashed document: a later change of the canonical form is a new version, not a silent one
 
 
+# made once: json.dumps with arguments of its own builds a new encoder at every call, most of a hash's cost
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
 def canonical(document: Mapping[str, Any]) -> bytes:
     """The bytes hashed: sorted keys, no spaces, ASCII (a stable serialisation on every Python and database).
     NaN and the infinities are written as Python's json writes them, as the detail column stores them."""
-    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    return _ENCODER.encode(document).encode()
 
 
 def digest(document: Mapping[str, Any]) -> str:
