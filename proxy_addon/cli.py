@@ -262,7 +262,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     public_key = None if args.public_key is None else load_public_key(args.public_key)
     audit = _store(args).audit
-    report = verify(audit.checkpoints(), audit.chains(), audit.records, public_key)
+    report = verify(audit.checkpoints(), audit.chains(), audit.events, public_key)
     if args.json:
         print_json({"ok": report.ok, **dataclasses.asdict(report)})
         return EXIT_OK if report.ok else EXIT_FAILED

@@ -1,4 +1,4 @@
-"""audit chain: receipt_transitions.hash, receipts.history_head, audit_checkpoints, audit_records
+"""audit chain: receipt_transitions.hash, receipts.history_head, audit_checkpoints, audit_events
 
 Revision ID: 0005
 Revises: 0004
@@ -7,7 +7,7 @@ Create Date: 2027-02-10
 Every history row gets `hash` (audit/chain.py: its content and the previous row's hash for the same
 receipt, the first row chained from the receipt's identity) and every receipt its chain's head. The history
 already there is chained here, in Python, with the same function the writes use, and one `migrated` audit
-record says so: `receipts verify` shows it, and the first `receipts checkpoint` signs it, because what those
+event says so: `receipts verify` shows it, and the first `receipts checkpoint` signs it, because what those
 rows held before this migration is covered only from now on.
 
 Adding nullable columns rebuilds no table (the views of 0002 stay); the downgrade drops them with SQLite's
@@ -38,8 +38,8 @@ _transitions = sa.table(
     'receipt_transitions', sa.column('id'), sa.column('operation_id'), sa.column('from_state'), sa.column('to_state'),
     sa.column('recorded_at', UTCDateTime()), sa.column('detail', sa.JSON()), sa.column('hash'),
 )
-_records = sa.table(
-    'audit_records', sa.column('operation_id'), sa.column('kind'), sa.column('recorded_at', UTCDateTime()), sa.column('note'),
+_events = sa.table(
+    'audit_events', sa.column('operation_id'), sa.column('kind'), sa.column('recorded_at', UTCDateTime()), sa.column('note'),
 )
 
 
@@ -57,7 +57,7 @@ def upgrade() -> None:
     sa.Column('note', sa.Text(), nullable=True),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_audit_checkpoints'))
     )
-    op.create_table('audit_records',
+    op.create_table('audit_events',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), autoincrement=True, nullable=False),
     sa.Column('operation_id', sa.String(length=64), nullable=False),
     sa.Column('kind', sa.String(length=20), nullable=False),
@@ -65,10 +65,10 @@ def upgrade() -> None:
     sa.Column('head_after', HASH, nullable=True),
     sa.Column('recorded_at', UTCDateTime(), nullable=False),
     sa.Column('note', sa.Text(), nullable=True),
-    sa.CheckConstraint("kind IN ('pruned', 'rechained', 'migrated')", name=op.f('ck_audit_records_kind')),
-    sa.PrimaryKeyConstraint('id', name=op.f('pk_audit_records'))
+    sa.CheckConstraint("kind IN ('pruned', 'rechained', 'migrated')", name=op.f('ck_audit_events_kind')),
+    sa.PrimaryKeyConstraint('id', name=op.f('pk_audit_events'))
     )
-    op.create_index('ix_audit_records_operation_id', 'audit_records', ['operation_id'], unique=False)
+    op.create_index('ix_audit_events_operation_id', 'audit_events', ['operation_id'], unique=False)
     _chain_existing_history(op.get_bind())
 
 
@@ -87,7 +87,7 @@ def _chain_existing_history(conn: sa.Connection) -> None:
         after = batch[-1].operation_id
     if receipts:
         note = f"{receipts} receipts with {rows} history rows existed before the audit chain; migration 0005 chained them as they were"
-        conn.execute(sa.insert(_records).values(operation_id="*", kind="migrated", recorded_at=datetime.now(UTC), note=note))
+        conn.execute(sa.insert(_events).values(operation_id="*", kind="migrated", recorded_at=datetime.now(UTC), note=note))
 
 
 def _chain_batch(conn: sa.Connection, batch: Sequence[sa.Row[tuple[object, ...]]]) -> int:
@@ -114,8 +114,8 @@ def _chain_batch(conn: sa.Connection, batch: Sequence[sa.Row[tuple[object, ...]]
 
 
 def downgrade() -> None:
-    op.drop_index('ix_audit_records_operation_id', table_name='audit_records')
-    op.drop_table('audit_records')
+    op.drop_index('ix_audit_events_operation_id', table_name='audit_events')
+    op.drop_table('audit_events')
     op.drop_table('audit_checkpoints')
     if op.get_bind().dialect.name == "sqlite":
         op.execute("ALTER TABLE receipt_transitions DROP COLUMN hash")

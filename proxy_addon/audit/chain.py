@@ -64,6 +64,16 @@ class Identity:
         return cls(**{name: row[name] for name in cls.__slots__})
 
 
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """One receipt's chain as stored: its identity, its head, and its history rows in id order (mappings of
+    the history's columns: id, operation_id, from_state, to_state, recorded_at, detail, hash)."""
+
+    identity: Identity
+    head: str | None
+    rows: list[dict[str, Any]]
+
+
 def genesis(identity: Identity) -> str:
     """The hash the first history row of this receipt chains from."""
     target = [identity.method, identity.scheme, identity.host, identity.port, identity.path]

@@ -20,9 +20,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from proxy_addon.audit.chain import genesis, row_hash
+from proxy_addon.audit.chain import Chain, genesis, row_hash
 from proxy_addon.audit.checkpoint import checkpoint_problem
-from proxy_addon.store.audit import Chain, StoredAuditRecord, StoredCheckpoint
+from proxy_addon.rules.records import AuditEventRecord, CheckpointRecord
 
 
 class Tampering(StrEnum):
@@ -154,16 +154,16 @@ def _head_problem(chain: Chain, end: str | None) -> list[Finding]:
 
 
 def verify(
-    checkpoints: Sequence[StoredCheckpoint],
+    checkpoints: Sequence[CheckpointRecord],
     chains: Iterable[Chain],
-    records: Callable[[], Sequence[StoredAuditRecord]],
+    events: Callable[[], Sequence[AuditEventRecord]],
     public_key: Ed25519PublicKey | None,
 ) -> Report:
     """Every chain; with `public_key`, every checkpoint, and each receipt's head at its latest checkpoint
     against its history now (a receipt `receipts prune` recorded, or `receipts scrub` chained again, is a note).
 
     Read in this order, so that a journal in use verifies clean: the checkpoints before the chains (a head
-    signed later than its chain was read would look cut short), the records after them (a receipt pruned
+    signed later than its chain was read would look cut short), the events after them (a receipt pruned
     while the chains were read is recorded by then)."""
     report = Report()
     expected = _checkpointed_heads(checkpoints, public_key, report)
@@ -175,7 +175,7 @@ def verify(
         at = expected.pop(chain.identity.operation_id, None)
         if at is not None and at[1] not in {row["hash"] for row in chain.rows}:
             moved[chain.identity.operation_id] = at[0]
-    done = records()
+    done = events()
     report.notes += [f"{r.recorded_at:%Y-%m-%d %H:%M:%S} UTC: {r.note}" for r in done if r.kind == "migrated" and r.note]
     _cut_short(moved, {r.operation_id for r in done if r.kind == "rechained"}, report)
     _gone(expected, {r.operation_id for r in done if r.kind == "pruned"}, report)
@@ -193,7 +193,7 @@ def _cut_short(moved: Mapping[str, int], rechained: set[str], report: Report) ->
 
 
 def _checkpointed_heads(
-    checkpoints: Sequence[StoredCheckpoint], public_key: Ed25519PublicKey | None, report: Report
+    checkpoints: Sequence[CheckpointRecord], public_key: Ed25519PublicKey | None, report: Report
 ) -> dict[str, tuple[int, str]]:
     """operation_id -> (checkpoint id, head) of the latest valid checkpoint naming it; problems as findings."""
     if public_key is None:

@@ -153,6 +153,32 @@ class ControlRunRecord:
 
 
 @dataclass(frozen=True)
+class CheckpointRecord:
+    """A signed checkpoint of every receipt's history head (`audit_checkpoints`, audit/checkpoint.py)."""
+
+    id: int
+    created_at: datetime
+    root: str
+    heads: list[list[str]]  # [operation_id, head], sorted by operation id
+    signed: str  # the exact document the signature covers
+    signature: str
+    public_key: str
+    note: str | None
+
+
+@dataclass(frozen=True)
+class AuditEventRecord:
+    """What was done to a history on purpose (`audit_events`): pruned, rechained, or migrated (`*`)."""
+
+    operation_id: str
+    kind: str
+    head_before: str | None
+    head_after: str | None
+    recorded_at: datetime
+    note: str | None
+
+
+@dataclass(frozen=True)
 class Recovered:
     """A receipt that recovery or the orphan sweep settled on behalf of an instance."""
 

@@ -8,7 +8,7 @@
 - `refusals`: refused and replayed duplicates;
 - `retention`: counts and pruning;
 - `scrub`: rows from earlier versions redacted again with today's rules (`receipts scrub`);
-- `audit`: the audit trail's chains, checkpoints and records (`receipts verify`, `receipts checkpoint`);
+- `audit`: the audit trail's chains, checkpoints and events (`receipts verify`, `receipts checkpoint`);
 - `controls`: the runs of the read rules' verifier controls, and the known successes they are run on.
 """
 

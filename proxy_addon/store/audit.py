@@ -1,60 +1,27 @@
 """The audit trail's reads and writes: the chains as `receipts verify` walks them, the heads a checkpoint signs,
-the checkpoints themselves, the audit records (pruned, chained again, migrated), and chaining a history again
+the checkpoints themselves, the audit events (pruned, chained again, migrated), and chaining a history again
 after `receipts scrub` rewrote one of its rows.
 
 The hashes are computed in audit/chain.py; what is checked, in audit/verify.py.
 """
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Table, insert, literal, select, update
 
-from proxy_addon.audit.chain import Identity, chained, genesis
-from proxy_addon.rules.records import utcnow
+from proxy_addon.audit.chain import Chain, Identity, chained, genesis
+from proxy_addon.rules.records import AuditEventRecord, CheckpointRecord, utcnow
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import receipts, transitions
-from proxy_addon.store.tables import AuditCheckpoint, AuditRecord
+from proxy_addon.store.tables import AuditCheckpoint, AuditEvent
 
 MakeCheckpoint = Callable[[list[list[str]], str | None, str | None], dict[str, Any]]
 """(heads, the latest checkpoint's signed document or None, a note) -> a new checkpoint's row."""
 checkpoints: Table = AuditCheckpoint.__table__  # type: ignore[assignment]
-records: Table = AuditRecord.__table__  # type: ignore[assignment]
+events: Table = AuditEvent.__table__  # type: ignore[assignment]
 BATCH = 500
 _IDENTITY = [receipts.c[name] for name in Identity.__slots__]
-
-
-@dataclass(frozen=True, slots=True)
-class Chain:
-    """One receipt's identity, its stored head, and its history rows in id order (mappings of the columns)."""
-
-    identity: Identity
-    head: str | None
-    rows: list[dict[str, Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class StoredCheckpoint:
-    id: int
-    created_at: datetime
-    root: str
-    heads: list[list[str]]
-    signed: str
-    signature: str
-    public_key: str
-    note: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredAuditRecord:
-    operation_id: str
-    kind: str
-    head_before: str | None
-    head_after: str | None
-    recorded_at: datetime
-    note: str | None
 
 
 class AuditTrail:
@@ -83,17 +50,17 @@ class AuditTrail:
         query = select(receipts.c.operation_id, receipts.c.history_head).where(receipts.c.history_head.is_not(None))
         return [[r.operation_id, r.history_head] for r in conn.execute(query.order_by(receipts.c.operation_id))]
 
-    def checkpoints(self) -> list[StoredCheckpoint]:
+    def checkpoints(self) -> list[CheckpointRecord]:
         with self.db.storage_errors(), self.db.reading() as conn:
             rows = conn.execute(select(checkpoints).order_by(checkpoints.c.id)).all()
-        return [StoredCheckpoint(**r._mapping) for r in rows]
+        return [CheckpointRecord(**r._mapping) for r in rows]
 
-    def records(self) -> list[StoredAuditRecord]:
+    def events(self) -> list[AuditEventRecord]:
         with self.db.storage_errors(), self.db.reading() as conn:
-            rows = conn.execute(select(records).order_by(records.c.id)).all()
-        return [StoredAuditRecord(**{k: v for k, v in r._mapping.items() if k != "id"}) for r in rows]
+            rows = conn.execute(select(events).order_by(events.c.id)).all()
+        return [AuditEventRecord(**{k: v for k, v in r._mapping.items() if k != "id"}) for r in rows]
 
-    def add_checkpoint(self, make: "MakeCheckpoint") -> StoredCheckpoint:
+    def add_checkpoint(self, make: "MakeCheckpoint") -> CheckpointRecord:
         """Read every head (from one snapshot, without holding SQLite's write lock through it), then, in one
         write transaction, the latest checkpoint and, for the first one, the migration's note; have `make` sign
         them (audit/checkpoint.py) and store the result. One checkpoint at a time (PostgreSQL: the table locked
@@ -106,11 +73,11 @@ class AuditTrail:
             latest = conn.execute(select(checkpoints.c.signed).order_by(checkpoints.c.id.desc()).limit(1)).scalar()
             note = None
             if latest is None:
-                notes = conn.execute(select(records.c.note).where(records.c.kind == "migrated").order_by(records.c.id)).scalars()
+                notes = conn.execute(select(events.c.note).where(events.c.kind == "migrated").order_by(events.c.id)).scalars()
                 note = "; ".join(n for n in notes if n) or None
             values = make(heads, latest, note)
             new_id = conn.execute(insert(checkpoints).values(**values).returning(checkpoints.c.id)).scalar_one()
-        return StoredCheckpoint(id=int(new_id), **values)
+        return CheckpointRecord(id=int(new_id), **values)
 
 
 def _chains(conn: Connection, which: Any, limit: int | None = None, lock: bool = False) -> list[Chain]:
@@ -131,9 +98,9 @@ def _chains(conn: Connection, which: Any, limit: int | None = None, lock: bool =
 def record_pruned(conn: Connection, which: Any) -> None:
     """Note the receipts `which` selects (a condition on `receipts`) as pruned, with their heads, before they
     are deleted in the same transaction: verify then tells them from receipts deleted by someone else."""
-    now = literal(utcnow(), records.c.recorded_at.type)
+    now = literal(utcnow(), events.c.recorded_at.type)
     selected = select(receipts.c.operation_id, literal("pruned"), receipts.c.history_head, now).where(which)
-    conn.execute(insert(records).from_select(["operation_id", "kind", "head_before", "recorded_at"], selected))
+    conn.execute(insert(events).from_select(["operation_id", "kind", "head_before", "recorded_at"], selected))
 
 
 def rechain(conn: Connection, details_before: Mapping[str, Mapping[int, Any]]) -> list[str]:
@@ -160,5 +127,5 @@ def rechain(conn: Connection, details_before: Mapping[str, Mapping[int, Any]]) -
         operation_id = chain.identity.operation_id
         conn.execute(update(receipts).where(receipts.c.operation_id == operation_id).values(history_head=head))
         record = {"operation_id": operation_id, "kind": "rechained", "head_before": chain.head, "head_after": head}
-        conn.execute(insert(records).values(**record, recorded_at=utcnow()))
+        conn.execute(insert(events).values(**record, recorded_at=utcnow()))
     return broken

@@ -217,14 +217,14 @@ class AuditCheckpoint(Base):
     note: Mapped[str | None] = mapped_column(Text)
 
 
-class AuditRecord(Base):
+class AuditEvent(Base):
     """What was done to histories on purpose, for `receipts verify` to tell from tampering: `pruned` (the
     receipt and its history deleted by `receipts prune`, with its head then), `rechained` (`receipts scrub`
     rewrote a detail, so its chain was computed again: the head before and after), or `migrated` (once, for
     the whole journal: the histories already there were chained by the migration that added the chain; `note`
     says how many)."""
 
-    __tablename__ = "audit_records"
+    __tablename__ = "audit_events"
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     operation_id: Mapped[str] = mapped_column(String(64))
@@ -236,7 +236,7 @@ class AuditRecord(Base):
 
     __table_args__ = (
         CheckConstraint("kind IN ('pruned', 'rechained', 'migrated')", name="kind"),
-        Index("ix_audit_records_operation_id", "operation_id"),
+        Index("ix_audit_events_operation_id", "operation_id"),
     )
 
 

@@ -29,11 +29,10 @@ from typing import Any
 from sqlalchemy import select
 from support.recording_upstream import Reception
 
-from proxy_addon.audit.chain import Identity
+from proxy_addon.audit.chain import Chain, Identity
 from proxy_addon.audit.verify import check_chain
 from proxy_addon.db import make_engine
 from proxy_addon.rules.states import TERMINAL_STATES, State, is_allowed
-from proxy_addon.store.audit import Chain
 from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 RETRYABLE_TERMINAL = frozenset({State.REJECTED.value, State.SAFE_TO_RETRY.value})

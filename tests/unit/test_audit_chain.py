@@ -32,7 +32,7 @@ KEY = Ed25519PrivateKey.generate()
 
 def audited(store: ReceiptStore, public: bool = True) -> Report:
     audit = store.audit
-    return verify(audit.checkpoints(), audit.chains(), audit.records, KEY.public_key() if public else None)
+    return verify(audit.checkpoints(), audit.chains(), audit.events, KEY.public_key() if public else None)
 
 
 def named(report: Report) -> dict[str, str]:

@@ -6,9 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from proxy_addon.audit.chain import Identity, chained, genesis, row_hash
+from proxy_addon.audit.chain import Chain, Identity, chained, genesis, row_hash
 from proxy_addon.audit.verify import check_chain
-from proxy_addon.store.audit import Chain
 
 EITHER = " (it, or the row before it, was changed)"
 T0 = datetime(2027, 1, 20, 12, 0, 0, 123456, tzinfo=UTC)
