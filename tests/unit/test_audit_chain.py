@@ -58,9 +58,10 @@ def test_every_write_path_chains_its_rows(store, migrated_url):
         first = dict(writer.run([(1, Record(a, None, "dead")), (2, Record(b, None, "me")), (3, Record(c, None, "me"))]))
         assert all(isinstance(r, Done) and r.head for r in first.values())
         b_head = first[2].head  # type: ignore[union-attr]
-        second = dict(writer.run([
+        second = dict(writer.run([  # on PostgreSQL the first two pipelined, the last (no head given) after them
             (4, Advance(b.operation_id, "submitted", "outcome_unknown", ODD_DETAIL, {}, head=b_head)),
-            (5, Advance(c.operation_id, "submitted", "succeeded", {"who": "me"}, {"status_code": 201})),  # head read
+            (5, Record(intent(proxy_instance="me"), None, "me")),
+            (6, Advance(c.operation_id, "submitted", "succeeded", {"who": "me"}, {"status_code": 201})),  # head read
         ]))
         assert all(isinstance(r, Done) and r.head for r in second.values())
     finally:
@@ -75,7 +76,7 @@ def test_every_write_path_chains_its_rows(store, migrated_url):
 
     report = audited(store)
     assert report.ok, report.findings
-    assert (report.receipts, report.rows) == (4, 6 + 4 + 3 + 3)
+    assert (report.receipts, report.rows) == (5, 6 + 4 + 3 + 2 + 3)
     for op in (a.operation_id, b.operation_id, c.operation_id, general.operation_id):
         rows = rows_of(store, op)
         identity = Identity.of(store.receipts.get(op).__dict__)
