@@ -261,7 +261,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from proxy_addon.audit.verify import verify
 
     public_key = None if args.public_key is None else load_public_key(args.public_key)
-    audit = _store(args).audit
+    audit = _audited_store(args).audit
     report = verify(audit.checkpoints(), audit.chains(), audit.events, public_key)
     if args.json:
         print_json({"ok": report.ok, **dataclasses.asdict(report)})
@@ -273,6 +273,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     checked = f"{report.receipts} receipts, {report.rows} history rows, {report.checkpoints} checkpoints"
     print(f"verified {checked}: " + ("every chain holds" if report.ok else f"{len(report.findings)} problems"))
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _audited_store(args: argparse.Namespace) -> ReceiptStore:
+    """The database `verify` reads: `--database` (an auditor's copy: no config needed), else the config's."""
+    if args.database is None:
+        return _store(args)
+    engine = make_engine(args.database)
+    check_schema(engine)
+    return ReceiptStore(engine)
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -446,6 +455,7 @@ def _add_receipt_commands(command: Callable[..., Any]) -> None:
 
     p = command("verify", cmd_verify, "check every receipt's history against its hash chain (exit 1 naming each one changed)")
     p.add_argument("--public-key", help="also check every checkpoint with this PEM public key, and what was deleted since")
+    p.add_argument("--database", metavar="URL", help="the database to verify, e.g. an auditor's copy (default: the config's)")
     p.add_argument("--json", action="store_true")
 
     p = command("checkpoint", cmd_checkpoint, "sign every receipt's history head now (audit.signing_key_file), kept in the database")

@@ -442,7 +442,7 @@ def test_the_secret_file_and_the_default_database_sit_beside_the_config(tmp_path
     assert load_config(confdir / "pg.yaml").database.url == pg
 
 
-def test_checkpoint_then_verify_with_the_public_key_alone(cli, cli_store, tmp_path):
+def test_checkpoint_then_verify_with_the_public_key_alone(cli, cli_store, tmp_path, migrated_url, monkeypatch):
     """`checkpoint` makes the key beside the config on first use (0600, its public key as .pub in PEM) and
     signs; `verify --public-key` holds, then names a receipt whose history was changed, and exits 1."""
     done = recorded(cli_store, intent())
@@ -456,9 +456,12 @@ def test_checkpoint_then_verify_with_the_public_key_alone(cli, cli_store, tmp_pa
 
     code, out, _ = cli("verify", "--public-key", str(public), "--json")
     assert code == 0 and json.loads(out)["ok"] is True and json.loads(out)["checkpoints"] == 1
+    auditor = main(["verify", "--database", migrated_url, "--public-key", str(public), "--config", str(tmp_path / "none.yaml")])
+    assert auditor == 0  # a copy of the database and the public key: no config
     with cli_store.engine.begin() as conn:
         conn.execute(update(transitions).where(transitions.c.operation_id == done.operation_id).values(detail={"who": "mallory"}))
-    code, out, _ = cli("verify", "--public-key", str(public))
+    monkeypatch.delenv("RECEIPTS_DATABASE_URL")
+    code, out, _ = cli("verify", "--public-key", str(public), "--database", migrated_url)
     assert code == 1
     assert f"{done.operation_id}: changed: row " in out and out.splitlines()[-1].endswith("problems")
 
