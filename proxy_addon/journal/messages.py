@@ -55,6 +55,7 @@ class Advance:
     detail: dict[str, Any]
     updates: dict[str, Any]
     deadline: float = math.inf
+    head: str | None = None  # the receipt's history head as its record left it (None: the writer reads it)
 
 
 Request = Record | Advance
@@ -62,7 +63,9 @@ Request = Record | Advance
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """Committed (a Record: recorded as submitted; an Advance: moved)."""
+    """Committed (a Record: recorded as submitted; an Advance: moved), and the receipt's history head now."""
+
+    head: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
