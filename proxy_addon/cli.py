@@ -285,6 +285,53 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from proxy_addon.audit.checkpoint import load_public_key
+    from proxy_addon.audit.verify import verify
+
+    public_key = None if args.public_key is None else load_public_key(args.public_key)
+    audit = _audited_store(args).audit
+    report = verify(audit.checkpoints(), audit.chains(), audit.events, public_key)
+    if args.json:
+        print_json({"ok": report.ok, **dataclasses.asdict(report)})
+        return EXIT_OK if report.ok else EXIT_FAILED
+    for finding in report.findings:
+        print(f"{finding.operation_id}: {finding.how.value}: {finding.detail}")
+    for note in report.notes:
+        print(f"note: {note}")
+    checked = f"{report.receipts} receipts, {report.rows} history rows, {report.checkpoints} checkpoints"
+    print(f"verified {checked}: " + ("every chain holds" if report.ok else f"{len(report.findings)} problems"))
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def _audited_store(args: argparse.Namespace) -> ReceiptStore:
+    """The database `verify` reads: `--database` (an auditor's copy: no config needed), else the config's."""
+    if args.database is None:
+        return _store(args)
+    engine = make_engine(args.database)
+    check_schema(engine)
+    return ReceiptStore(engine)
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from proxy_addon.audit.checkpoint import load_or_create_signing_key, make_checkpoint
+    from proxy_addon.rules.records import utcnow
+
+    config = _config(args)
+    key_file = config.audit.signing_key_file
+    key = load_or_create_signing_key(key_file)
+    made = _store(args, config).audit.add_checkpoint(
+        lambda heads, previous, note: make_checkpoint(key, heads, utcnow(), previous, note)
+    )
+    document = {name: getattr(made, name) for name in ("id", "created_at", "root", "signed", "signature", "public_key", "note")}
+    if args.json:
+        print_json({**document, "receipts": len(made.heads)})
+    else:
+        print(f"checkpoint {made.id}: {len(made.heads)} receipts, root {made.root}, signed with {key_file}")
+        print(f"an auditor checks it with: receipts verify --public-key {key_file}.pub")
+    return EXIT_OK
+
+
 def cmd_admin(args: argparse.Namespace) -> int:
     from proxy_addon.admin.server import AdminServer
 
@@ -394,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_receipt_commands(command: Callable[..., Any]) -> None:
-    """The commands over the receipts: reconcile, ls, show, resolve, admin, scrub, stats, prune."""
+    """The commands over the receipts: reconcile, ls, show, resolve, admin, scrub, stats, prune, verify, checkpoint."""
     p = command("reconcile", cmd_reconcile, "resolve outcome_unknown receipts by reading the upstream")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="one pass over the queue, then exit")
@@ -436,6 +483,14 @@ def _add_receipt_commands(command: Callable[..., Any]) -> None:
     p = command("prune", cmd_prune, "delete terminal receipts older than DURATION (never an open one)")
     p.add_argument("--older-than", required=True, type=_duration_arg)
     p.add_argument("--json", action="store_true")
+
+    p = command("verify", cmd_verify, "check every receipt's history against its hash chain (exit 1 naming each one changed)")
+    p.add_argument("--public-key", help="also check every checkpoint with this PEM public key, and what was deleted since")
+    p.add_argument("--database", metavar="URL", help="the database to verify, e.g. an auditor's copy (default: the config's)")
+    p.add_argument("--json", action="store_true")
+
+    p = command("checkpoint", cmd_checkpoint, "sign every receipt's history head now (audit.signing_key_file), kept in the database")
+    p.add_argument("--json", action="store_true", help="print the signed checkpoint, to keep elsewhere")
 
 
 def _add_approval_commands(command: Callable[..., Any]) -> None:

@@ -219,6 +219,12 @@ class LoggingSettings(StrictModel):
     format: Literal["auto", "json", "console"] = "auto"
 
 
+class AuditSettings(StrictModel):
+    # the Ed25519 key `receipts checkpoint` signs with, made on first use, its public key beside it as `.pub`;
+    # relative to the config file's directory (load_config), like secret_file
+    signing_key_file: str = ".receipts-audit-key"
+
+
 @dataclass(frozen=True)
 class HostPolicy:
     """The settings in force for one host (defaults merged with the host's own), with its operation rules."""
@@ -260,6 +266,7 @@ class ReceiptsConfig(StrictModel):
     reconcile: ReconcileSettings = ReconcileSettings()
     admin: AdminSettings = AdminSettings()
     logging: LoggingSettings = LoggingSettings()
+    audit: AuditSettings = AuditSettings()
     secret_file: str = ".receipts-secret"  # relative to the config file's directory (load_config)
 
     @model_validator(mode="before")
@@ -342,10 +349,13 @@ def load_config(path: str | Path) -> ReceiptsConfig:
 
 def anchor_paths(config: ReceiptsConfig, base_dir: Path) -> ReceiptsConfig:
     """The config with its relative paths taken from `base_dir`: `database.url` (a relative SQLite file; when
-    unset, the default `sqlite:///receipts.db`) and `secret_file`. `RECEIPTS_DATABASE_URL` is not touched."""
+    unset, the default `sqlite:///receipts.db`), `secret_file` and `audit.signing_key_file`.
+    `RECEIPTS_DATABASE_URL` is not touched."""
     database = config.database.model_copy(update={"url": anchor_sqlite_url(config.database.url or DEFAULT_DATABASE_URL, base_dir)})
     secret_file = str(base_dir / Path(config.secret_file).expanduser())
-    anchored = config.model_copy(update={"database": database, "secret_file": secret_file})
+    key_file = str(base_dir / Path(config.audit.signing_key_file).expanduser())
+    audit = config.audit.model_copy(update={"signing_key_file": key_file})
+    anchored = config.model_copy(update={"database": database, "secret_file": secret_file, "audit": audit})
     object.__setattr__(anchored, "_policies", {})  # not the original's cache
     return anchored
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+import structlog
 from alembic import command
 from support.pg import fresh_database, libpq_url
 
@@ -25,6 +26,15 @@ def _pg_available() -> str | None:
         return None
     except psycopg.Error as e:
         return str(e).strip().splitlines()[0]
+
+
+@pytest.fixture(autouse=True)
+def _structlog_config_restored() -> Iterator[None]:
+    """A test that configures logging (an addon under taddons at `level: error`, say) leaves structlog as it was:
+    otherwise a later test in the same worker would not see the log lines it captures."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session")

@@ -185,8 +185,9 @@ class JournalClient:
 
     async def record(
         self, intent: Intent, after_success: AfterSuccess, who: str, approval: ApprovalAsk | None = None
-    ) -> None:
-        """Decide and commit the receipt as `submitted` (creation and `planned -> submitted` rows, one commit).
+    ) -> str | None:
+        """Decide and commit the receipt as `submitted` (creation and `planned -> submitted` rows, one commit);
+        its history head, for the verdict's `advance`.
 
         Raises DuplicateIntentError (nothing written), ApprovalNeededError (no receipt: `approval` asks for a
         person's approval, and there is none usable), JournalUnavailableError (nothing written), or
@@ -201,16 +202,23 @@ class JournalClient:
         _raise_failure(reply, intent.operation_id)
         metrics.transitioned(State.PLANNED)
         metrics.transitioned(State.SUBMITTED)
+        return reply.head if isinstance(reply, Done) else None
 
     async def advance(
-        self, operation_id: str, expected_from: State, to: State, detail: dict[str, Any], updates: dict[str, Any]
+        self,
+        operation_id: str,
+        expected_from: State,
+        to: State,
+        detail: dict[str, Any],
+        updates: dict[str, Any],
+        head: str | None = None,
     ) -> None:
         """`store.receipts.transition`, through the writer: compare-and-set with its history row, one commit
-        (journal/writes.py, `advance`)."""
+        (journal/writes.py, `advance`). `head`: the history head `record` returned (None: the writer reads it)."""
         if not is_allowed(expected_from, to):
             raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
         now = time.monotonic()
-        request = Advance(operation_id, expected_from.value, to.value, detail, updates, now + self.timeout * WRITER_SHARE)
+        request = Advance(operation_id, expected_from.value, to.value, detail, updates, now + self.timeout * WRITER_SHARE, head)
         reply = await self._call(request, now + self.timeout * CALLER_SHARE)
         _raise_failure(reply, operation_id, expected_from.value)
         metrics.transitioned(to)
@@ -272,7 +280,7 @@ class JournalClient:
 
         async def close() -> None:
             try:
-                await self.advance(operation_id, State.SUBMITTED, closed.state, closed.detail, closed.updates)
+                await self.advance(operation_id, State.SUBMITTED, closed.state, closed.detail, closed.updates, reply.head)
             except StaleStateError:
                 return  # closed already (request/handler.py)
             except ReceiptsError as e:

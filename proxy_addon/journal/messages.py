@@ -57,6 +57,7 @@ class Advance:
     detail: dict[str, Any]
     updates: dict[str, Any]
     deadline: float = math.inf
+    head: str | None = None  # the receipt's history head as its record left it (None: the writer reads it)
 
 
 Request = Record | Advance
@@ -64,7 +65,9 @@ Request = Record | Advance
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """Committed (a Record: recorded as submitted; an Advance: moved)."""
+    """Committed (a Record: recorded as submitted; an Advance: moved), and the receipt's history head now."""
+
+    head: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

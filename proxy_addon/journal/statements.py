@@ -63,50 +63,56 @@ OPEN_OR_SUCCEEDED = (  # an open receipt wins over a success, the latest success
 
 # A new receipt. Of two writers that decided at once (two proxies on one PostgreSQL), the second finds the
 # first's open receipt in the partial unique index and inserts nothing: it then reads it.
-RECEIPT_COLUMNS = (*INTENT_FIELDS, "state", "created_at", "updated_at", "submitted_at")
+RECEIPT_COLUMNS = (*INTENT_FIELDS, "state", "created_at", "updated_at", "submitted_at", "history_head")
 INSERT_RECEIPT = (
     f"INSERT INTO receipts ({', '.join(RECEIPT_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in RECEIPT_COLUMNS)}) ON CONFLICT DO NOTHING"
 )
 
-TRANSITION_COLUMNS = ("operation_id", "from_state", "to_state", "recorded_at", "detail")
+TRANSITION_COLUMNS = ("operation_id", "from_state", "to_state", "recorded_at", "detail", "hash")
 INSERT_TRANSITION = (
     f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in TRANSITION_COLUMNS)})"
 )
 
-STATE_OF = "SELECT state FROM receipts WHERE operation_id = :operation_id"
+STATE_OF = "SELECT state, history_head FROM receipts WHERE operation_id = :operation_id"
+# a receipt's history head, and the identity its chain starts from when it has none yet (audit/chain.py)
+HEAD_COLUMNS = ("history_head", "operation_id", "account", "intent_fingerprint", "method", "scheme", "host", "port", "path", "created_at")
+HEAD_OF = f"SELECT {', '.join(HEAD_COLUMNS)} FROM receipts WHERE operation_id = :operation_id"
 
 # The history of a new receipt, for the one a CTE named `receipt` inserted: its creation row, and
 # `planned -> submitted` when it was recorded as submitted.
-_CREATED_ROW = f"(1, CAST(NULL AS VARCHAR), '{State.PLANNED.value}', :created_detail)"
-_SUBMITTED_ROW = f"(2, '{State.PLANNED.value}', '{State.SUBMITTED.value}', :submitted_detail)"
+_CREATED_ROW = f"(1, CAST(NULL AS VARCHAR), '{State.PLANNED.value}', :created_detail, :created_hash)"
+_SUBMITTED_ROW = f"(2, '{State.PLANNED.value}', '{State.SUBMITTED.value}', :submitted_detail, :submitted_hash)"
 
 
 def _history_of_new(submitted: bool) -> str:
     steps = f"{_CREATED_ROW}, {_SUBMITTED_ROW}" if submitted else _CREATED_ROW
     return (
         f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "
-        "SELECT receipt.operation_id, step.from_state, step.to_state, :recorded_at, step.detail "
-        f"FROM receipt, (VALUES {steps}) AS step(n, from_state, to_state, detail) ORDER BY step.n"
+        "SELECT receipt.operation_id, step.from_state, step.to_state, :recorded_at, step.detail, step.hash "
+        f"FROM receipt, (VALUES {steps}) AS step(n, from_state, to_state, detail, hash) ORDER BY step.n"
     )
 
 
-def compare_and_set(columns: tuple[str, ...], owned: bool) -> str:
-    """`expected_from -> state` with these columns updated, if the receipt is still in `expected_from` (and,
-    when `owned`, still leased by `owned_by`)."""
-    assignments = ", ".join(f"{c} = :{c}" for c in ("state", "updated_at", *columns))
+def compare_and_set(columns: tuple[str, ...], owned: bool, headed: bool = True) -> str:
+    """`expected_from -> state` with these columns updated and its history head moved on, if the receipt is
+    still in `expected_from` with the head `prev_head` (none when not `headed`: a receipt without history),
+    and, when `owned`, still leased by `owned_by`. The head in the compare chains the new history row to the
+    one before it without reading it."""
+    assignments = ", ".join(f"{c} = :{c}" for c in ("state", "updated_at", "history_head", *columns))
+    head = "history_head = :prev_head" if headed else "history_head IS NULL"
     owner = " AND lease_owner = :owned_by" if owned else ""
-    return f"UPDATE receipts SET {assignments} WHERE operation_id = :operation_id AND state = :expected_from{owner}"
+    return f"UPDATE receipts SET {assignments} WHERE operation_id = :operation_id AND state = :expected_from AND {head}{owner}"
 
 
-def advance_in_one(columns: tuple[str, ...], owned: bool) -> str:
+def advance_in_one(columns: tuple[str, ...], owned: bool, headed: bool = True) -> str:
     """PostgreSQL only: `compare_and_set` and its history row in one statement; its row count says if it moved
     (one round trip instead of two, and, for a writer's batch of one, no COMMIT of its own: see connection.py)."""
     return (
-        f"WITH moved AS ({compare_and_set(columns, owned)} RETURNING operation_id) "
+        f"WITH moved AS ({compare_and_set(columns, owned, headed)} RETURNING operation_id) "
         f"INSERT INTO receipt_transitions ({', '.join(TRANSITION_COLUMNS)}) "
-        "SELECT moved.operation_id, :expected_from, :state, :recorded_at, :detail FROM moved"
+        "SELECT moved.operation_id, :expected_from, :state, :recorded_at, :detail, :history_head FROM moved"
     )
 
 
@@ -163,6 +169,7 @@ class DriverStatements:
         self._sql: dict[Any, str] = {}
         self._bind = _bind_processors(dialect)
         self._result = [self._result_of(dialect, name) for name in RECEIPT_FIELDS]
+        self._head_result = [self._result_of(dialect, name) for name in HEAD_COLUMNS]
         self._types = {c.name: c.type.compile(dialect=dialect) for c in _RECEIPTS.c} if self.name == "postgresql" else {}
 
     def sql(self, statement: str) -> str:
@@ -173,11 +180,11 @@ class DriverStatements:
             self._sql[statement] = converted
         return converted
 
-    def compare_and_set(self, columns: tuple[str, ...], owned: bool) -> str:
-        return self._rendered(("cas", columns, owned), lambda: compare_and_set(columns, owned))
+    def compare_and_set(self, columns: tuple[str, ...], owned: bool, headed: bool) -> str:
+        return self._rendered(("cas", columns, owned, headed), lambda: compare_and_set(columns, owned, headed))
 
-    def advance_in_one(self, columns: tuple[str, ...], owned: bool) -> str:
-        return self._rendered(("advance", columns, owned), lambda: advance_in_one(columns, owned))
+    def advance_in_one(self, columns: tuple[str, ...], owned: bool, headed: bool) -> str:
+        return self._rendered(("advance", columns, owned, headed), lambda: advance_in_one(columns, owned, headed))
 
     def record_unless_blocked(self, key_checked: bool, successes_block: bool, submitted: bool) -> str:
         """PostgreSQL only: the decision and the receipt's rows in one statement (a data-modifying CTE, which
@@ -230,6 +237,13 @@ class DriverStatements:
         return {
             name: (convert(value) if convert is not None and value is not None else value)
             for name, convert, value in zip(APPROVAL_FIELDS, self._approval_result, row, strict=True)
+        }
+
+    def head_row(self, row: tuple[Any, ...]) -> dict[str, Any]:
+        """A HEAD_OF row as the Python values SQLAlchemy would give."""
+        return {
+            name: (convert(value) if convert is not None and value is not None else value)
+            for name, convert, value in zip(HEAD_COLUMNS, self._head_result, row, strict=True)
         }
 
     @staticmethod

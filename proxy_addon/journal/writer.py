@@ -122,19 +122,18 @@ def _one_statement(request: Record | Advance) -> bool:
 def _write_of(request: Record | Advance) -> NewReceipt | Step:
     if isinstance(request, Record):
         return NewReceipt(request.intent, request.successes_block_for, request.who, approval=request.approval)
-    return Step(request.operation_id, request.expected_from, request.to, request.detail, request.updates)
+    return Step(request.operation_id, request.expected_from, request.to, request.detail, request.updates, head=request.head)
 
 
 def _apply(journal: JournalWrites, write: NewReceipt | Step, sent: Any) -> Reply:
     """One write inside the batch's transaction; what it may refuse is answered, any other error fails the batch."""
     try:
         if isinstance(write, NewReceipt):
-            blocker = journal.record(write, sent)
-            if isinstance(blocker, ApprovalRecord):
-                return AwaitingApproval(blocker)
-            return Done() if blocker is None else Blocked(blocker)
-        journal.advance(write, sent)
-        return Done()
+            recorded = journal.record(write, sent)
+            if isinstance(recorded, ApprovalRecord):
+                return AwaitingApproval(recorded)
+            return Done(recorded) if isinstance(recorded, str) else Blocked(recorded)
+        return Done(journal.advance(write, sent))
     except StaleStateError as e:
         return Failed("stale", str(e), e.actual)
     except ReceiptNotFoundError as e:

@@ -7,7 +7,7 @@ is written once, and the two cannot decide or write differently. In the spirit o
 an idempotency check, the interface is a few storage primitives:
 - `record`: decide, then record the intent as a new receipt with its history rows (`planned`, and
   `planned -> submitted` when it is recorded as submitted), or answer the receipt in its way;
-- `advance`: a compare-and-set of a receipt's state with column updates, and its history row;
+- `advance`: a compare-and-set of a receipt's state (and history head) with column updates, and its history row;
 - `blocker`: the duplicate decision alone, read only: what stands in the way of an intent now.
 A write whose rule asks for a person's approval (`NewReceipt.approval`) is recorded only with an approved,
 unexpired approval of its intent, used up (a compare-and-set) in the same transaction as its receipt's
@@ -15,6 +15,12 @@ creation; without one it records no receipt, and asks for (or finds) the intent'
 denial. Every other write runs exactly the statements it ran before approvals existed.
 None of them commits: each runs inside a transaction its caller opens and commits (the writer's group commit,
 or the store's SQLAlchemy transaction).
+
+Every history row carries its hash in the audit chain (audit/chain.py), computed here, in the same statement
+or transaction as the row. The receipt keeps its chain's head (`history_head`): `record` returns it, and a
+caller that knows it (the proxy, from its record to its verdict) passes it to `advance`, whose compare-and-set
+includes it, so the hot path reads nothing more; a caller that does not (`Step.head` None) has it read first,
+in the same transaction.
 
 They run over a DBAPI connection, below SQLAlchemy, for speed (statements.py says why): the writer runs them
 on its own driver connection (`OnDriver`), the store on the driver under its SQLAlchemy connection (see
@@ -37,6 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from proxy_addon.audit.chain import Identity, genesis, row_hash
 from proxy_addon.exceptions import IllegalTransitionError, JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal import statements as sql
 from proxy_addon.journal.statements import DriverStatements
@@ -54,6 +61,7 @@ from proxy_addon.rules.records import (
 from proxy_addon.rules.states import TERMINAL_STATES, ApprovalState, State, is_allowed
 
 RECORD_ATTEMPTS = 3  # decisions lost to a concurrent writer's insert (another proxy) before giving up
+ADVANCE_ATTEMPTS = 3  # compare-and-sets lost to another writer's step that left the same state (a read head)
 # what `advance` may change besides the state (everything else is fixed once the receipt is recorded)
 UPDATABLE = frozenset(
     {
@@ -81,8 +89,9 @@ class NewReceipt:
     `planned` when None (tests and tools). `approval`: its rule asks for a person's approval first.
     `successes_block_for`: how long (seconds) a success of the same
     intent stands in its way (duplicates.successes_block_for), None when none does. `at`: the time it is
-    recorded at (created_at, and its history rows'); None: when its statements are built (the writer's way),
-    while the store's general path gives the time it read before its transaction began."""
+    recorded at (created_at, and its history rows'); None: now (the writer's way), while the store's general
+    path gives the time it read before its transaction began. Fixed once made, so that its rows (and their
+    hashes) are the same however often they are built."""
 
     intent: Intent
     successes_block_for: float | None
@@ -90,13 +99,18 @@ class NewReceipt:
     at: datetime | None = None
     approval: ApprovalAsk | None = None  # a person must have approved the intent (rules/approvals.py)
 
+    def __post_init__(self) -> None:
+        if self.at is None:
+            object.__setattr__(self, "at", utcnow())
+
 
 @dataclass(frozen=True, slots=True)
 class Step:
     """A compare-and-set `expected_from -> to` with column updates, and its history row. `owned_by` adds the
     lease holder to the compare: a worker whose lease expired and was taken over cannot write a verdict over
-    its successor's. `at`: as NewReceipt's (updated_at, and the history row's). Only an allowed transition
-    setting UPDATABLE columns can be made one."""
+    its successor's. `at`: as NewReceipt's (updated_at, and the history row's). `head`: the receipt's history
+    head as the caller knows it (what `record` or the last `advance` returned); None: read it first. Only an
+    allowed transition setting UPDATABLE columns can be made one."""
 
     operation_id: str
     expected_from: str
@@ -105,8 +119,11 @@ class Step:
     updates: dict[str, Any] = field(default_factory=dict)
     owned_by: str | None = None
     at: datetime | None = None
+    head: str | None = None
 
     def __post_init__(self) -> None:
+        if self.at is None:
+            object.__setattr__(self, "at", utcnow())
         expected_from, to = State(self.expected_from), State(self.to)
         if not is_allowed(expected_from, to):
             raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
@@ -152,7 +169,25 @@ class OnDriver:
         return self.driver.pipeline()  # psycopg's pipeline mode
 
 
-RECORDED = object()  # `_record_once`: the receipt and its history rows were written
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A write's first statement sent ahead by `pipelined`, and the history head it leaves if it applies."""
+
+    cursor: Cursor
+    head: str
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A receipt's history head as stored (None: no history yet), and what its next row chains from (the
+    stored head, or the receipt's genesis)."""
+
+    stored: str | None
+    previous: str
+
+    @classmethod
+    def known(cls, head: str) -> "Head":
+        return cls(head, head)
 
 
 class JournalWrites(ABC):
@@ -169,30 +204,39 @@ class JournalWrites(ABC):
 
     # -- the primitives ---------------------------------------------------------------------------------------
 
-    def record(self, new: NewReceipt, sent: Cursor | None = None) -> Blocker | ApprovalRecord | None:
-        """The receipt in the way, or None once the intent is written with its history rows; for a write that
-        needs approval and has none usable, its pending (or denied) approval, and no receipt. `sent`: the
-        cursor of its first statement, already sent by `pipelined`. Of two writers that decide at once (two
+    def record(self, new: NewReceipt, sent: Sent | None = None) -> Blocker | ApprovalRecord | str:
+        """The receipt in the way, or, once the intent is written with its history rows, its history head; for a
+        write that needs approval and has none usable, its pending (or denied) approval, and no receipt.
+        `sent`: its first statement, already sent by `pipelined`. Of two writers that decide at once (two
         proxies on one PostgreSQL), the second's insert finds the first's open receipt in the partial unique
         index and writes nothing: it is refused by that receipt, or decides again if it closed meanwhile."""
         for _attempt in range(RECORD_ATTEMPTS):
             outcome = self._record_once(new, sent) if new.approval is None else self._record_approved(new)
             sent = None
-            if outcome is RECORDED:
-                return None
             if outcome is not None:
-                return outcome  # type: ignore[return-value]
+                return outcome
         raise JournalUnavailableError("could not record the intent: the open-intent index kept changing")
 
-    def advance(self, step: Step, sent: Cursor | None = None) -> None:
-        """Compare-and-set with its history row; StaleStateError or ReceiptNotFoundError (nothing written) if the
-        receipt is in another state (or leased by another) or missing. `sent`: as for `record`."""
-        if self._moved(step, sent):
-            return
-        row = self._execute(sql.STATE_OF, {"operation_id": step.operation_id}).fetchone()
-        if row is None:
-            raise ReceiptNotFoundError(f"no receipt {step.operation_id}")
-        raise StaleStateError(step.operation_id, step.expected_from, row[0])
+    def advance(self, step: Step, sent: Sent | None = None) -> str:
+        """Compare-and-set with its history row, and the new history head; StaleStateError or
+        ReceiptNotFoundError (nothing written) if the receipt is in another state (or leased by another) or
+        missing. `sent`: as for `record`. A head that moved on while the state stayed as expected (another
+        writer's steps that came back to it, or `receipts scrub` chaining a history again) is read again."""
+        head = None if step.head is None else Head.known(step.head)
+        for _attempt in range(ADVANCE_ATTEMPTS):
+            if head is None:
+                head = self._head_of(step.operation_id)
+            moved = self._moved(step, head, sent)
+            sent = None
+            if moved is not None:
+                return moved
+            row = self._execute(sql.STATE_OF, {"operation_id": step.operation_id}).fetchone()
+            if row is None:
+                raise ReceiptNotFoundError(f"no receipt {step.operation_id}")
+            if row[0] != step.expected_from or row[1] == head.stored:
+                raise StaleStateError(step.operation_id, step.expected_from, row[0])
+            head = None
+        raise StaleStateError(step.operation_id, step.expected_from, step.expected_from)
 
     def blocker(self, intent: Intent, successes_block_for: float | None) -> Blocker | None:
         """What stands in the way of this intent now: a reused Idempotency-Key (not the one the proxy injects,
@@ -201,19 +245,29 @@ class JournalWrites(ABC):
         wins). At most two indexed queries."""
         return self._blocker(_decision(intent, successes_block_for))
 
-    def pipelined(self, writes: Sequence[NewReceipt | Step]) -> list[Cursor | None]:
+    def pipelined(self, writes: Sequence[NewReceipt | Step]) -> list[Sent | None]:
         """The first statement of each write sent ahead, for `record` and `advance` to read (None: not sent)."""
         return [None] * len(writes)
 
     # -- for the implementations -------------------------------------------------------------------------------
 
     @abstractmethod
-    def _record_once(self, new: NewReceipt, sent: Cursor | None) -> object:
-        """One decision: RECORDED, the Blocker in the way, or None (lost to a concurrent writer: decide again)."""
+    def _record_once(self, new: NewReceipt, sent: Sent | None) -> Blocker | str | None:
+        """One decision: the history head written, the Blocker in the way, or None (lost to a concurrent
+        writer: decide again)."""
 
     @abstractmethod
-    def _moved(self, step: Step, sent: Cursor | None) -> bool:
-        """The compare-and-set and its history row; False (nothing written) when the compare failed."""
+    def _moved(self, step: Step, head: Head, sent: Sent | None) -> str | None:
+        """The compare-and-set and its history row, and the new head; None (nothing written) when the compare
+        failed."""
+
+    def _head_of(self, operation_id: str) -> Head:
+        row = self._execute(sql.HEAD_OF, {"operation_id": operation_id}).fetchone()
+        if row is None:
+            raise ReceiptNotFoundError(f"no receipt {operation_id}")
+        values = self.sql.head_row(tuple(row))
+        stored = values.pop("history_head")
+        return Head(stored, stored if stored is not None else genesis(Identity.of(values)))
 
     def _execute(self, statement: str, params: Mapping[str, Any]) -> Cursor:
         return self.connection.execute(self.sql.sql(statement), self.sql.bound(params))
@@ -242,7 +296,7 @@ class JournalWrites(ABC):
 
     # -- approval first (only for a write whose rule asks for it) -----------------------------------------------
 
-    def _record_approved(self, new: NewReceipt) -> object:
+    def _record_approved(self, new: NewReceipt) -> Blocker | ApprovalRecord | str | None:
         """As `_record_once`, statement by statement on either database: what stands in the way first (a repeat
         of an approved write in flight is a duplicate, not a second use); then the intent's approved, unexpired
         approval is used up by this receipt (compare-and-set), in this transaction; without one, its pending
@@ -262,7 +316,7 @@ class JournalWrites(ABC):
         if self._execute(sql.INSERT_RECEIPT, row).rowcount == 1:
             for history_row in history:
                 self._execute(sql.INSERT_TRANSITION, history_row)
-            return RECORDED
+            return str(row["history_head"])
         self._execute(sql.UNUSE_APPROVAL, {"approval_id": used[0]})
         return self._open_receipt(decision)
 
@@ -294,7 +348,7 @@ class JournalWrites(ABC):
 class SQLiteWrites(JournalWrites):
     """Decide, then write, statement by statement (module docstring)."""
 
-    def _record_once(self, new: NewReceipt, sent: Cursor | None) -> object:
+    def _record_once(self, new: NewReceipt, sent: Sent | None) -> Blocker | str | None:
         decision = _decision(new.intent, new.successes_block_for)
         blocker = self._blocker(decision)
         if blocker is not None:
@@ -303,62 +357,72 @@ class SQLiteWrites(JournalWrites):
         if self._execute(sql.INSERT_RECEIPT, row).rowcount == 1:
             for history_row in history:
                 self._execute(sql.INSERT_TRANSITION, history_row)
-            return RECORDED
+            return str(row["history_head"])
         return self._open_receipt(decision)
 
-    def _moved(self, step: Step, sent: Cursor | None) -> bool:
-        columns, params = _step_params(step)
-        if self._run(self.sql.compare_and_set(columns, step.owned_by is not None), params).rowcount != 1:
-            return False
+    def _moved(self, step: Step, head: Head, sent: Sent | None) -> str | None:
+        columns, params = _step_params(step, head)
+        statement = self.sql.compare_and_set(columns, step.owned_by is not None, head.stored is not None)
+        if self._run(statement, params).rowcount != 1:
+            return None
         history = {"operation_id": step.operation_id, "from_state": step.expected_from, "to_state": step.to}
-        self._execute(sql.INSERT_TRANSITION, {**history, "recorded_at": params["recorded_at"], "detail": step.detail})
-        return True
+        new_head = params["history_head"]
+        self._execute(sql.INSERT_TRANSITION, {**history, "recorded_at": params["recorded_at"], "detail": step.detail, "hash": new_head})
+        return str(new_head)
 
 
 class PostgresWrites(JournalWrites):
     """Each write one statement; a batch's statements pipelined (module docstring)."""
 
-    def pipelined(self, writes: Sequence[NewReceipt | Step]) -> list[Cursor | None]:
+    def pipelined(self, writes: Sequence[NewReceipt | Step]) -> list[Sent | None]:
         """The first statement of each write, all sent at once: one round trip for a batch instead of one per
         write. They run in order in the batch's transaction, each seeing the ones before it, as if sent one by
-        one; `record` and `advance` then read what each did from its cursor.
+        one; `record` and `advance` then read what each did from its cursor. A step whose caller did not give
+        its head (never the proxy's) must read it first: it and the writes after it are not sent ahead, so
+        that the order stays.
 
         A record that something stood in the way of reads that blocker once the batch's statements have run: it
         is refused by (or replays) what stands in its way then, or, if nothing does any more, decides again.
         Either is a valid order for writes that were in flight together, and every decision to write is still
         one statement that sees everything before it."""
-        if len(writes) < 2:
+        ahead = next((i for i, w in enumerate(writes) if isinstance(w, Step) and w.head is None), len(writes))
+        if ahead < 2:
             return [None] * len(writes)
         with self.connection.pipeline():  # a write that needs approval runs its statements one by one, later
-            return [self._send_first(w) for w in writes]
+            sent = [self._send_first(w) for w in writes[:ahead]]
+        return [*sent, *[None] * (len(writes) - ahead)]
 
-    def _send_first(self, write: NewReceipt | Step) -> Cursor | None:
+    def _send_first(self, write: NewReceipt | Step) -> Sent | None:
         if isinstance(write, Step):
             return self._send_advance(write)
         return None if write.approval is not None else self._send_record(write)
 
-    def _record_once(self, new: NewReceipt, sent: Cursor | None) -> object:
-        if (sent if sent is not None else self._send_record(new)).rowcount > 0:
-            return RECORDED
+    def _record_once(self, new: NewReceipt, sent: Sent | None) -> Blocker | str | None:
+        sent = sent if sent is not None else self._send_record(new)
+        if sent.cursor.rowcount > 0:
+            return sent.head
         return self._blocker(_decision(new.intent, new.successes_block_for))  # None: it closed since
 
-    def _moved(self, step: Step, sent: Cursor | None) -> bool:
-        return (sent if sent is not None else self._send_advance(step)).rowcount == 1
+    def _moved(self, step: Step, head: Head, sent: Sent | None) -> str | None:
+        sent = sent if sent is not None else self._send_advance(step, head)
+        return sent.head if sent.cursor.rowcount == 1 else None
 
-    def _send_record(self, new: NewReceipt) -> Cursor:
+    def _send_record(self, new: NewReceipt) -> Sent:
         """Its cursor: a row count above 0 says the receipt and its history rows were written."""
         decision = _decision(new.intent, new.successes_block_for)
         row, history = _new_rows(new)
         statement = self.sql.record_unless_blocked("key" in decision, "since" in decision, new.submitted_by is not None)
-        details = {"created_detail": history[0]["detail"], "recorded_at": history[0]["recorded_at"]}
+        details = {"created_detail": history[0]["detail"], "created_hash": history[0]["hash"], "recorded_at": history[0]["recorded_at"]}
         if len(history) > 1:
-            details["submitted_detail"] = history[1]["detail"]
-        return self._run(statement, {**decision, **row, **details})
+            details.update(submitted_detail=history[1]["detail"], submitted_hash=history[1]["hash"])
+        return Sent(self._run(statement, {**decision, **row, **details}), str(row["history_head"]))
 
-    def _send_advance(self, step: Step) -> Cursor:
-        """Its cursor: a row count of 1 says it moved."""
-        columns, params = _step_params(step)
-        return self._run(self.sql.advance_in_one(columns, step.owned_by is not None), params)
+    def _send_advance(self, step: Step, head: Head | None = None) -> Sent:
+        """Its cursor: a row count of 1 says it moved. `head`: None for a step sent ahead (its caller gave it)."""
+        head = head if head is not None else Head.known(str(step.head))
+        columns, params = _step_params(step, head)
+        statement = self.sql.advance_in_one(columns, step.owned_by is not None, head.stored is not None)
+        return Sent(self._run(statement, params), str(params["history_head"]))
 
 
 def _decision(intent: Intent, successes_block_for: float | None) -> dict[str, Any]:
@@ -372,8 +436,8 @@ def _decision(intent: Intent, successes_block_for: float | None) -> dict[str, An
 
 
 def _new_rows(new: NewReceipt, approval_id: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The receipt's row and its history rows, written at one time; its creation row names the approval it
-    used, when it needed one."""
+    """The receipt's row and its history rows, written at one time, each row with its hash in the chain and
+    the receipt with its head; its creation row names the approval it used, when it needed one."""
     intent, now = new.intent, new.at or utcnow()
     row = {name: getattr(intent, name) for name in INTENT_FIELDS}
     row.update(state=State.PLANNED.value, created_at=now, updated_at=now, submitted_at=None)
@@ -387,12 +451,22 @@ def _new_rows(new: NewReceipt, approval_id: str | None = None) -> tuple[dict[str
         row.update(state=State.SUBMITTED.value, submitted_at=now)
         step = {"from_state": State.PLANNED.value, "to_state": State.SUBMITTED.value, "detail": {"who": new.submitted_by}}
         history.append({**history[0], **step})
+    row["history_head"] = _chain(intent, now, history)
     return row, history
 
 
-def _step_params(step: Step) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """The columns the step sets besides its state (submitted_at and completed_at by default when it enters
-    those states), and the statement's parameters."""
+def _chain(intent: Intent, now: datetime, history: list[dict[str, Any]]) -> str:
+    """Each of a new receipt's history rows gets its hash, chained from the receipt's identity; the head."""
+    fixed = {name: getattr(intent, name) for name in Identity.__slots__ if name != "created_at"}
+    previous = genesis(Identity(**fixed, created_at=now))
+    for h in history:
+        previous = h["hash"] = row_hash(previous, intent.operation_id, h["from_state"], h["to_state"], now, h["detail"])
+    return previous
+
+
+def _step_params(step: Step, head: Head) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The columns the step sets besides its state and head (submitted_at and completed_at by default when it
+    enters those states), and the statement's parameters: the new history row's hash is the new head."""
     now = step.at or utcnow()
     updates = dict(step.updates)
     if step.to == State.SUBMITTED.value:
@@ -401,6 +475,9 @@ def _step_params(step: Step) -> tuple[tuple[str, ...], dict[str, Any]]:
         updates.setdefault("completed_at", now)
     params = {**updates, "state": step.to, "updated_at": now, "recorded_at": now, "detail": step.detail}
     params.update(operation_id=step.operation_id, expected_from=step.expected_from)
+    if head.stored is not None:
+        params["prev_head"] = head.stored
+    params["history_head"] = row_hash(head.previous, step.operation_id, step.expected_from, step.to, now, step.detail)
     if step.owned_by is not None:
         params["owned_by"] = step.owned_by
     return tuple(sorted(updates)), params

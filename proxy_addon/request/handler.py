@@ -105,11 +105,12 @@ class WriteHandler:
             tracing.name_write(facts, intent.operation)
         waited = False
         wait_until: float | None = None
+        head: str | None = None  # its history head, as its record left it: the verdict's compare-and-set needs it
         loop = asyncio.get_running_loop()
         while True:
             answer_by = loop.time() + self.config.proxy.journal_timeout
             try:
-                await self.journal.record(intent, policy.after_success, self.instance_id, ask)
+                head = await self.journal.record(intent, policy.after_success, self.instance_id, ask)
                 break
             except ApprovalNeededError as e:
                 return _awaiting_approval(e)
@@ -132,7 +133,7 @@ class WriteHandler:
                 return self._journal_down(e, facts)
         metrics.journaled(time.perf_counter() - started)
         if facts.client_gone():
-            return await self._agent_left(operation_id)
+            return await self._agent_left(operation_id, head)
 
         with structlog.contextvars.bound_contextvars(operation_id=operation_id):
             headers = list(facts.raw_headers)
@@ -144,7 +145,7 @@ class WriteHandler:
             timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline, keepalive)
             result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
             verdict = facts.call.verdict(send_verdict(result, policy, rule), result)  # what its protocol says
-            state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy)
+            state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy, head)
             reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
             return Handled(reply, {"operation_id": operation_id, "state": state})
 
@@ -172,12 +173,12 @@ class WriteHandler:
         except TimeoutError:
             log.warning("unsent_receipt_still_closing", operation_id=operation_id)
 
-    async def _agent_left(self, operation_id: str) -> Handled:
+    async def _agent_left(self, operation_id: str, head: str | None) -> Handled:
         """The agent disconnected while its receipt was being written: nobody waits for what the upstream would
         answer, so the request is not sent, and its receipt is closed as not sent."""
         closed = not_sent(self.instance_id, "the agent disconnected before its receipt was written, so the request was not sent")
         try:
-            await self._advance(operation_id, closed.state, closed.detail, closed.updates)
+            await self._advance(operation_id, closed.state, closed.detail, closed.updates, head)
         except ReceiptsError as e:
             log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
         log.info("request_not_sent_agent_left", operation_id=operation_id)
@@ -237,7 +238,9 @@ class WriteHandler:
 
     # -- 3. the verdict -----------------------------------------------------------------------------------------
 
-    async def _record_verdict(self, intent: Intent, result: SendResult, verdict: Verdict, policy: HostPolicy) -> str:
+    async def _record_verdict(
+        self, intent: Intent, result: SendResult, verdict: Verdict, policy: HostPolicy, head: str | None
+    ) -> str:
         updates = dict(verdict.updates)
         if verdict.state == State.SUCCEEDED:
             updates.update(storable_response(result, policy, self.config.proxy.max_stored_response))
@@ -255,7 +258,7 @@ class WriteHandler:
         if tracing.enabled:
             detail[tracing.TRACEPARENT] = tracing.write_traceparent()  # what a reconcile verdict's span links to
         try:
-            await self._advance(intent.operation_id, verdict.state, detail, updates)
+            await self._advance(intent.operation_id, verdict.state, detail, updates, head)
         except ReceiptsError as e:
             # The upstream has answered but we could not write it down: the receipt stays `submitted`,
             # and crash recovery or the reconciler settles it. The agent is told which state holds.
@@ -269,11 +272,14 @@ class WriteHandler:
         )
         return verdict.state.value
 
-    async def _advance(self, operation_id: str, to: State, detail: dict[str, Any], updates: dict[str, Any]) -> None:
+    async def _advance(
+        self, operation_id: str, to: State, detail: dict[str, Any], updates: dict[str, Any], head: str | None
+    ) -> None:
         """Through the writer; if it failed or died meanwhile, once more through the store's general path (a
-        writer that committed the verdict before it died leaves the receipt in that state already)."""
+        writer that committed the verdict before it died leaves the receipt in that state already), which reads
+        the history head itself."""
         try:
-            await self.journal.advance(operation_id, State.SUBMITTED, to, detail, updates)
+            await self.journal.advance(operation_id, State.SUBMITTED, to, detail, updates, head)
             return
         except JournalUnavailableError as e:
             log.warning("verdict_through_writer_failed", operation_id=operation_id, error=str(e))

@@ -112,6 +112,7 @@ class TransitionRecord:
     to_state: str
     recorded_at: datetime
     detail: dict[str, Any]
+    hash: str | None = None  # its hash in the audit chain (audit/chain.py)
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,32 @@ class ControlRunRecord:
     @property
     def passed(self) -> bool:
         return self.result == "passed"
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A signed checkpoint of every receipt's history head (`audit_checkpoints`, audit/checkpoint.py)."""
+
+    id: int
+    created_at: datetime
+    root: str
+    heads: list[list[str]]  # [operation_id, head], sorted by operation id
+    signed: str  # the exact document the signature covers
+    signature: str
+    public_key: str
+    note: str | None
+
+
+@dataclass(frozen=True)
+class AuditEventRecord:
+    """What was done to a history on purpose (`audit_events`): pruned, rechained, or migrated (`*`)."""
+
+    operation_id: str
+    kind: str
+    head_before: str | None
+    head_after: str | None
+    recorded_at: datetime
+    note: str | None
 
 
 @dataclass(frozen=True)

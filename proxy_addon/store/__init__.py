@@ -8,6 +8,7 @@
 - `refusals`: refused and replayed duplicates;
 - `retention`: counts and pruning;
 - `scrub`: rows from earlier versions redacted again with today's rules (`receipts scrub`);
+- `audit`: the audit trail's chains, checkpoints and events (`receipts verify`, `receipts checkpoint`);
 - `controls`: the runs of the read rules' verifier controls, and the known successes they are run on;
 - `approvals`: a person's approvals of writes that need one: list, show, approve, deny.
 """
@@ -23,6 +24,7 @@ class ReceiptStore:
         # The parts are imported when a store is made, not with this package: the journal writer process
         # imports the tables alone (store/tables.py), and none of the rest, whose imports it would pay at start.
         from proxy_addon.store.approvals import Approvals
+        from proxy_addon.store.audit import AuditTrail
         from proxy_addon.store.controls import ControlRuns
         from proxy_addon.store.database import Database
         from proxy_addon.store.instances import Instances
@@ -40,5 +42,6 @@ class ReceiptStore:
         self.refusals = Refusals(self.db)
         self.retention = Retention(self.db)
         self.scrub = Scrubber(self.db)
+        self.audit = AuditTrail(self.db)
         self.controls = ControlRuns(self.db)
         self.approvals = Approvals(self.db)

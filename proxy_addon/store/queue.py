@@ -3,14 +3,15 @@ back when a worker's lease runs out."""
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Connection, select
 
 from proxy_addon import metrics
 from proxy_addon.exceptions import StaleStateError
-from proxy_addon.rules.records import ReceiptRecord, utcnow
+from proxy_addon.journal.writes import Step
+from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
-from proxy_addon.store.receipts import StoredReceipts, receipts, transitions
+from proxy_addon.store.receipts import StoredReceipts, receipts
 
 
 class ReconcileQueue:
@@ -44,29 +45,21 @@ class ReconcileQueue:
             if not ids:
                 return []
             expires = now + timedelta(seconds=lease_seconds)
-            rows = conn.execute(
-                update(receipts)
-                .where(receipts.c.operation_id.in_(ids), receipts.c.state == State.OUTCOME_UNKNOWN.value)
-                .values(state=State.RECONCILING.value, lease_owner=worker, lease_expires_at=expires, updated_at=utcnow())
-                .returning(*receipts.c)
-            ).all()
-            if rows:
-                conn.execute(
-                    insert(transitions),
-                    [
-                        {
-                            "operation_id": r.operation_id,
-                            "from_state": State.OUTCOME_UNKNOWN.value,
-                            "to_state": State.RECONCILING.value,
-                            "recorded_at": utcnow(),
-                            "detail": {"who": worker, "lease_expires_at": expires.isoformat()},
-                        }
-                        for r in rows
-                    ],
-                )
+            self._lease(conn, ids, worker, expires)
+            leased = {r.operation_id: r for r in conn.execute(select(receipts).where(receipts.c.operation_id.in_(ids)))}
+            rows = [leased[i] for i in ids]  # in the order they were due
         for _ in rows:
             metrics.transitioned(State.RECONCILING)
         return [ReceiptRecord.from_row(r) for r in rows]
+
+    def _lease(self, conn: Connection, ids: list[str], worker: str, expires: datetime) -> None:
+        """Each `outcome_unknown -> reconciling` through the one definition of a step (journal/writes.py), so its
+        history row is chained like every other; the rows are locked (or the database is), so none fails."""
+        writes = self.receipts.writes(conn)
+        detail = {"who": worker, "lease_expires_at": expires.isoformat()}
+        for operation_id in ids:
+            updates = {"lease_owner": worker, "lease_expires_at": expires}
+            writes.advance(Step(operation_id, State.OUTCOME_UNKNOWN.value, State.RECONCILING.value, detail, updates))
 
     def release_expired(self, by: str) -> list[str]:
         """Receipts whose worker's lease ran out go back to outcome_unknown, to be claimed again."""

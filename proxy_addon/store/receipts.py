@@ -70,11 +70,11 @@ class StoredReceipts:
         self, intent: Intent, after_success: AfterSuccess, submitted_by: str | None, approval: ApprovalAsk | None = None
     ) -> None:
         new = NewReceipt(intent, successes_block_for(after_success), submitted_by, at=utcnow(), approval=approval)
-        blocker = self.db.write(lambda conn: self._writes(conn).record(new))
-        if isinstance(blocker, ApprovalRecord):
-            raise ApprovalNeededError(blocker, intent)
-        if blocker is not None:
-            raise DuplicateIntentError.of(blocker, intent)
+        recorded = self.db.write(lambda conn: self.writes(conn).record(new))
+        if isinstance(recorded, ApprovalRecord):
+            raise ApprovalNeededError(recorded, intent)
+        if not isinstance(recorded, str):
+            raise DuplicateIntentError.of(recorded, intent)
         metrics.transitioned(State.PLANNED)
 
     def transition(
@@ -94,10 +94,12 @@ class StoredReceipts:
         """
         step = Step(operation_id, expected_from, to, detail or {}, updates, owned_by, at=utcnow())
         with self.db.storage_errors():
-            self.db.write(lambda conn: self._writes(conn).advance(step))
+            self.db.write(lambda conn: self.writes(conn).advance(step))
         metrics.transitioned(step.to)
 
-    def _writes(self, conn: Connection) -> JournalWrites:
+    def writes(self, conn: Connection) -> JournalWrites:
+        """The writes (journal/writes.py) inside `conn`'s transaction: for a part of the store that moves several
+        receipts in one transaction (the reconcile queue's claim)."""
         return JournalWrites.on(_OnSQLAlchemy(conn), self.statements)
 
     # -- the duplicate decision, read only --------------------------------------------------------------------
@@ -116,7 +118,7 @@ class StoredReceipts:
             account=receipt.account,
         )
         with self.db.storage_errors(), self.db.reading() as conn:
-            return self._writes(conn).blocker(again, successes_block_for(after_success))
+            return self.writes(conn).blocker(again, successes_block_for(after_success))
 
     # -- reads ------------------------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from sqlalchemy import and_, delete, func, select
 
 from proxy_addon.rules.records import JournalStats, utcnow
 from proxy_addon.rules.states import OPEN_STATES, TERMINAL_STATES, State
+from proxy_addon.store.audit import record_pruned
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import receipts, transitions
 
@@ -34,9 +35,11 @@ class Retention:
         return JournalStats(by_state, by_host, age)
 
     def prune(self, older_than: timedelta) -> int:
-        """Delete terminal receipts completed before `now - older_than`, with their history. Never an open one."""
+        """Delete terminal receipts completed before `now - older_than`, with their history. Never an open one.
+        Each is recorded as pruned, with its history head, in the same transaction (store/audit.py)."""
         cutoff = utcnow() - older_than
         old_terminal = and_(receipts.c.state.in_([s.value for s in TERMINAL_STATES]), receipts.c.completed_at < cutoff)
         with self.db.writing() as conn:
+            record_pruned(conn, old_terminal)
             conn.execute(delete(transitions).where(transitions.c.operation_id.in_(select(receipts.c.operation_id).where(old_terminal))))
             return conn.execute(delete(receipts).where(old_terminal)).rowcount or 0

@@ -58,6 +58,7 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
+HASH_LENGTH = 71  # "sha256:" and 64 hex digits
 _STATE_LIST = ", ".join(f"'{s.value}'" for s in State)
 _OPEN_LIST = ", ".join(f"'{s.value}'" for s in sorted(OPEN_STATES))
 OPEN_STATE_PREDICATE = f"state IN ({_OPEN_LIST})"
@@ -106,6 +107,9 @@ class Receipt(Base):
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     lease_owner: Mapped[str | None] = mapped_column(String(64))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # the hash of its last history row (audit/chain.py): the compare-and-set of every step includes it, so
+    # each history row is chained to the one before it without reading it first
+    history_head: Mapped[str | None] = mapped_column(String(HASH_LENGTH))
 
     __table_args__ = (
         CheckConstraint(f"state IN ({_STATE_LIST})", name="state"),
@@ -145,6 +149,8 @@ class ReceiptTransition(Base):
     to_state: Mapped[str] = mapped_column(String(20))
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # `sha256:<hex>` over this row's content and the previous row's hash for the same receipt (audit/chain.py)
+    hash: Mapped[str | None] = mapped_column(String(HASH_LENGTH))
 
     __table_args__ = (Index("ix_receipt_transitions_operation_id", "operation_id", "id"),)
 
@@ -190,6 +196,48 @@ class DuplicateRefusal(Base):
         CheckConstraint(f"reason IN ({_REASON_LIST})", name="reason"),
         Index("ix_duplicate_refusals_refused_at", "refused_at"),
         Index("ix_duplicate_refusals_blocking_operation_id", "blocking_operation_id"),
+    )
+
+
+class AuditCheckpoint(Base):
+    """A signed statement of every receipt's history head at one moment (`receipts checkpoint`).
+
+    `heads` is the sorted [operation_id, head] list itself, so that an auditor holding only the public key can
+    tell, later, which receipt was deleted or had its history cut short since. `signed` is the exact document
+    the signature covers (audit/checkpoint.py), kept as text so that it verifies byte for byte."""
+
+    __tablename__ = "audit_checkpoints"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    root: Mapped[str] = mapped_column(String(HASH_LENGTH))
+    heads: Mapped[list[list[str]]] = mapped_column(JSON)
+    signed: Mapped[str] = mapped_column(Text)
+    signature: Mapped[str] = mapped_column(Text)
+    public_key: Mapped[str] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class AuditEvent(Base):
+    """What was done to histories on purpose, for `receipts verify` to tell from tampering: `pruned` (the
+    receipt and its history deleted by `receipts prune`, with its head then), `rechained` (`receipts scrub`
+    rewrote a detail, so its chain was computed again: the head before and after), or `migrated` (once, for
+    the whole journal: the histories already there were chained by the migration that added the chain; `note`
+    says how many)."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    operation_id: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(20))
+    head_before: Mapped[str | None] = mapped_column(String(HASH_LENGTH))
+    head_after: Mapped[str | None] = mapped_column(String(HASH_LENGTH))
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    note: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        CheckConstraint("kind IN ('pruned', 'rechained', 'migrated')", name="kind"),
+        Index("ix_audit_events_operation_id", "operation_id"),
     )
 
 

@@ -12,6 +12,8 @@
 4. No half-written state: every receipt's history starts with its creation (-> planned), each step is one
    the contract allows (`states.is_allowed`) and starts where the previous one ended, and the last step's
    `to_state` is the receipt's state; terminal receipts have `completed_at`; no history row without its receipt.
+5. Every history's audit chain holds (audit/verify.py, `check_chain`): whatever crashed, stalled or raced,
+   every row was hashed and chained by the one write path, and each receipt's head is its last row's hash.
 
 `check_scenario` records the counts in SUMMARY (printed by conftest.py at the end of the run), then fails
 the test with every violation found.
@@ -27,6 +29,8 @@ from typing import Any
 from sqlalchemy import select
 from support.recording_upstream import Reception
 
+from proxy_addon.audit.chain import Chain, Identity
+from proxy_addon.audit.verify import check_chain
 from proxy_addon.db import make_engine
 from proxy_addon.rules.states import TERMINAL_STATES, State, is_allowed
 from proxy_addon.store.tables import Receipt, ReceiptTransition
@@ -142,6 +146,7 @@ class Findings:
     duplicates: list[str] = field(default_factory=list)
     unsettled: list[str] = field(default_factory=list)
     half_written: list[str] = field(default_factory=list)
+    broken_chains: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> list[str]:
@@ -150,6 +155,7 @@ class Findings:
             + [f"duplicate forward: {x}" for x in self.duplicates]
             + [f"left unsettled: {x}" for x in self.unsettled]
             + [f"half-written: {x}" for x in self.half_written]
+            + [f"audit chain: {x}" for x in self.broken_chains]
         )
 
 
@@ -245,7 +251,17 @@ def find_violations(
             found.half_written.append(f"{op} is {rec['state']} without completed_at")
     for op in set(history) - set(receipts):
         found.half_written.append(f"history rows for {op}, which has no receipt")
+    found.broken_chains += chains_broken(journal)
     return found
+
+
+def chains_broken(journal: Journal) -> list[str]:
+    """5. What `receipts verify` would name, receipt by receipt."""
+    out = []
+    for op, rec in journal.receipts.items():
+        chain = Chain(Identity.of(rec), rec["history_head"], journal.history.get(op, []))
+        out += [f"{f.operation_id}: {f.how.value}: {f.detail}" for f in check_chain(chain)]
+    return out
 
 
 def check_scenario(

@@ -13,6 +13,7 @@ from support.recording_upstream import Reception
 from support.store import intent, raw_row
 
 from faults.invariants import Journal, find_violations, read_journal
+from proxy_addon.audit.chain import Identity, chained, genesis
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import State
 from proxy_addon.store.receipts import receipts, transitions
@@ -27,7 +28,8 @@ def receipt(op: str, tag: str, path: list[str], created: float = 0.0, completed:
     for i, to in enumerate(path):
         seconds = completed if completed is not None and i == len(path) - 1 else created + i
         at = T0 + timedelta(seconds=seconds)
-        steps.append({"id": round(seconds * 1000), "operation_id": op, "from_state": previous, "to_state": to, "recorded_at": at})
+        steps.append({"id": round(seconds * 1000), "operation_id": op, "from_state": previous, "to_state": to,
+                      "recorded_at": at, "detail": {}})
         previous = to
     row = {
         "operation_id": op,
@@ -38,7 +40,19 @@ def receipt(op: str, tag: str, path: list[str], created: float = 0.0, completed:
         "created_at": T0 + timedelta(seconds=created),
         "completed_at": None if completed is None else T0 + timedelta(seconds=completed),
         "proxy_instance": "p",
+        "method": "POST", "scheme": "https", "host": "api.example.com", "port": 443, "path": "/items",
     }
+    hashes = chained(genesis(Identity.of(row)), steps)  # as the journal chains them
+    for step, row_hash in zip(steps, hashes, strict=True):
+        step["hash"] = row_hash
+    row["history_head"] = hashes[-1] if hashes else None
+    return row, steps
+
+
+def tampered(made: tuple[dict, list[dict]]) -> tuple[dict, list[dict]]:
+    """The receipt with its last history row's detail changed after it was hashed."""
+    row, steps = made
+    steps[-1]["detail"] = {"who": "mallory"}
     return row, steps
 
 
@@ -76,9 +90,11 @@ def test_a_clean_run_has_no_finding():
         ([receipt("op1", "a", ["planned", "succeeded"], 0, 1)], [], [], "half_written"),
         ([receipt("op1", "a", ["submitted", "succeeded"], 0, 1)], [], [], "half_written"),
         ([receipt("op1", "a", OK, 0, None)], [], [], "half_written"),
+        ([tampered(receipt("op1", "a", OK, 0, 2))], [got("a", "op1", 1)], ["op1"], "broken_chains"),
     ],
     ids=["unknown-operation", "no-receipt-by-tag", "never-submitted", "answered-missing", "same-receipt-twice",
-         "again-while-unknown", "again-before-terminal", "left-submitted", "skipped-a-state", "no-creation", "no-completed-at"],
+         "again-while-unknown", "again-before-terminal", "left-submitted", "skipped-a-state", "no-creation", "no-completed-at",
+         "audit-chain-broken"],
 )
 def test_each_violation_is_found(receipts, receptions, answered, kind):
     found = find_violations(journal(*receipts), receptions, answered)

@@ -17,7 +17,7 @@ from proxy_addon.db import make_engine
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
-from proxy_addon.store.receipts import receipts
+from proxy_addon.store.receipts import receipts, transitions
 
 
 @pytest.fixture
@@ -436,6 +436,37 @@ def test_the_secret_file_and_the_default_database_sit_beside_the_config(tmp_path
     assert (empty.database.url, empty.secret_file) == (f"sqlite:///{confdir}/receipts.db", str(confdir / ".receipts-secret"))
     absolute = load_config(confdir / "absolute.yaml")
     assert (absolute.database.url, absolute.secret_file) == (f"sqlite:///{tmp_path}/abs.db", f"{tmp_path}/k")
+    assert empty.audit.signing_key_file == str(confdir / ".receipts-audit-key")  # beside the config, like secret_file
     pg = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
     (confdir / "pg.yaml").write_text(f"database: {{url: '{pg}'}}\n")
     assert load_config(confdir / "pg.yaml").database.url == pg
+
+
+def test_checkpoint_then_verify_with_the_public_key_alone(cli, cli_store, tmp_path, migrated_url, monkeypatch):
+    """`checkpoint` makes the key beside the config on first use (0600, its public key as .pub in PEM) and
+    signs; `verify --public-key` holds, then names a receipt whose history was changed, and exits 1."""
+    done = recorded(cli_store, intent())
+    walk(cli_store, done.operation_id, State.SUCCEEDED)
+    code, out, _ = cli("checkpoint", "--json")
+    assert code == 0
+    made = json.loads(out)
+    key, public = tmp_path / ".receipts-audit-key", tmp_path / ".receipts-audit-key.pub"
+    assert key.stat().st_mode & 0o777 == 0o600 and public.read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    assert made["receipts"] == 1 and made["public_key"] == public.read_text() and made["root"].startswith("sha256:")
+
+    code, out, _ = cli("verify", "--public-key", str(public), "--json")
+    assert code == 0 and json.loads(out)["ok"] is True and json.loads(out)["checkpoints"] == 1
+    auditor = main(["verify", "--database", migrated_url, "--public-key", str(public), "--config", str(tmp_path / "none.yaml")])
+    assert auditor == 0  # a copy of the database and the public key: no config
+    with cli_store.engine.begin() as conn:
+        conn.execute(update(transitions).where(transitions.c.operation_id == done.operation_id).values(detail={"who": "mallory"}))
+    monkeypatch.delenv("RECEIPTS_DATABASE_URL")
+    code, out, _ = cli("verify", "--public-key", str(public), "--database", migrated_url)
+    assert code == 1
+    assert f"{done.operation_id}: changed: row " in out and out.splitlines()[-1].endswith("problems")
+
+
+def test_verify_with_a_bad_public_key_is_one_line(cli, tmp_path):
+    (tmp_path / "not-a-key.pem").write_text("hello\n")
+    code, out, err = cli("verify", "--public-key", str(tmp_path / "not-a-key.pem"))
+    assert code == 2 and out == "" and err == f"receipts: --public-key {tmp_path / 'not-a-key.pem'}: not a PEM public key\n"

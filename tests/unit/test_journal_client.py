@@ -90,10 +90,11 @@ def test_a_write_is_recorded_a_repeat_refused_and_a_lost_compare_and_set_reporte
         client = JournalClient(Setup(url, log_level="error"), WriterThread)
         try:
             it = intent(proxy_instance="me")
-            await client.record(it, AfterSuccess(), "me")
+            head = await client.record(it, AfterSuccess(), "me")
+            assert head is not None and head.startswith("sha256:")  # the history head, for the verdict's compare
             with pytest.raises(DuplicateOpenError):
                 await client.record(intent(it.intent_fingerprint, proxy_instance="me"), AfterSuccess(), "me")
-            await client.advance(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {"status_code": 201})
+            await client.advance(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {"status_code": 201}, head)
             with pytest.raises(StaleStateError) as e:
                 await client.advance(it.operation_id, State.SUBMITTED, State.REJECTED, {"who": "me"}, {})
             assert e.value.actual == "succeeded"

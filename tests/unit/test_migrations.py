@@ -15,7 +15,8 @@ from proxy_addon.db import (
 from proxy_addon.exceptions import JournalUnavailableError, SchemaNotMigratedError
 from proxy_addon.store.tables import Base
 
-TABLES = {"receipts", "receipt_transitions", "proxy_instances", "duplicate_refusals", "verifier_controls", "approvals"}
+TABLES = {"receipts", "receipt_transitions", "proxy_instances", "duplicate_refusals", "verifier_controls", "audit_checkpoints",
+          "audit_events", "approvals"}
 
 
 def schema_diff(url: str) -> list:

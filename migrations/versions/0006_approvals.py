@@ -1,8 +1,8 @@
 """approvals: a person's approval of one intent before a write that needs one is forwarded
 
-Revision ID: 0005
-Revises: 0004
-Create Date: 2027-03-01
+Revision ID: 0006
+Revises: 0005
+Create Date: 2026-12-04
 
 One row per approval asked for (account + fingerprint), with the request as journaled (redacted) for the
 person who decides. At most one pending approval per intent (a partial unique index), so that replicas
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0005'
-down_revision: str | None = '0004'
+revision: str = '0006'
+down_revision: str | None = '0005'
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
