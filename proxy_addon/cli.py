@@ -22,9 +22,11 @@ from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_da
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
 from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.rules.redaction import SecretFields, SecretHeaders
-from proxy_addon.rules.states import RESOLUTION_STATES
+from proxy_addon.rules.states import RESOLUTION_STATES, ApprovalState
 from proxy_addon.store import ReceiptStore
 from proxy_addon.units import parse_duration
+from proxy_addon.views.approvals import LIST_COLUMNS as APPROVAL_COLUMNS
+from proxy_addon.views.approvals import approval_document, approval_view
 from proxy_addon.views.documents import (
     LIST_COLUMNS,
     PUBLIC_COLUMNS,
@@ -204,6 +206,33 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         print_json(receipt_document(updated))
     else:
         print(f"{updated.operation_id}: {before.state} -> {updated.state}")
+    return EXIT_OK
+
+
+def cmd_approvals(args: argparse.Namespace) -> int:
+    rows = _store(args).approvals.list(state=args.state, limit=args.limit)
+    if args.json:
+        print_json([approval_document(a) for a in rows])
+        return EXIT_OK
+    if not rows:
+        print("0 approvals" + (f" matching --state {args.state}" if args.state else ""))
+        return EXIT_OK
+    shown = [approval_view(a) for a in rows]
+    table(f"approvals ({len(rows)})", list(APPROVAL_COLUMNS), [[getattr(v, c) for c in APPROVAL_COLUMNS] for v in shown])
+    for v in shown:
+        if v.state == ApprovalState.PENDING:
+            exchange_table(f"{v.approval_id}: the request, as journaled (secrets redacted)", f"{v.method} {v.url}",
+                           v.request.headers, v.request.body, v.approval_id, "receipts approvals --json")
+    return EXIT_OK
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    """`receipts approve` and `receipts deny`."""
+    decided = _store(args).approvals.decide(args.id, args.decision, args.note, args.who)
+    if args.json:
+        print_json(approval_document(decided))
+    else:
+        print(f"{decided.approval_id}: pending -> {decided.state} ({decided.operation}; until {decided.expires_at:%Y-%m-%dT%H:%M:%SZ})")
     return EXIT_OK
 
 
@@ -446,6 +475,8 @@ def _add_receipt_commands(command: Callable[..., Any]) -> None:
     p.add_argument("--vacuum", action="store_true", help="then rewrite the database files (VACUUM), so no old byte stays on disk")
     p.add_argument("--json", action="store_true")
 
+    _add_approval_commands(command)
+
     p = command("stats", cmd_stats, "counts per state and host, oldest open receipt's age")
     p.add_argument("--json", action="store_true")
 
@@ -460,6 +491,22 @@ def _add_receipt_commands(command: Callable[..., Any]) -> None:
 
     p = command("checkpoint", cmd_checkpoint, "sign every receipt's history head now (audit.signing_key_file), kept in the database")
     p.add_argument("--json", action="store_true", help="print the signed checkpoint, to keep elsewhere")
+
+
+def _add_approval_commands(command: Callable[..., Any]) -> None:
+    """approvals, approve, deny: a person's side of writes that need approval."""
+    p = command("approvals", cmd_approvals, "approvals, newest first; each pending one with its request as journaled")
+    p.add_argument("--state", choices=[s.value for s in ApprovalState])
+    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--json", action="store_true")
+    for name, help in (("approve", "approve a pending request: the same request, sent again, is forwarded once"),
+                       ("deny", "deny a pending request: the agent is answered 403 approval-denied with the note")):
+        p = command(name, cmd_decide, help)
+        p.add_argument("id")
+        p.add_argument("--note", required=True, help="why; kept with the approval and shown to the agent")
+        p.add_argument("--who", default="operator", help="who decides (kept with the approval)")
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(decision=name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from proxy_addon.db import DEFAULT_DATABASE_URL, anchor_sqlite_url
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.log import get_logger
 from proxy_addon.protocols.hosts import check_host_key, find_host_entry, is_model_api
+from proxy_addon.rules.approvals import NO_APPROVAL, ApprovalSetting
 from proxy_addon.rules.operations import MUTATING_METHODS, OperationRule, ProtocolName, method_token
 from proxy_addon.rules.redaction import SECRET_HEADER_NAMES, SecretFields, SecretHeaders
 from proxy_addon.rules.signing import NO_SIGNING, Signing
@@ -98,6 +99,7 @@ class HostOverrides(StrictModel):
     journal: bool | None = None  # false: this host's traffic passes through (true: journal a model API too)
     protocol: ProtocolName | None = None
     signing: SigningSettings | None = None
+    approval: ApprovalSetting | None = None  # `required`: a person approves each intent before it is forwarded
 
 
 class Defaults(StrictModel):
@@ -118,6 +120,7 @@ class Defaults(StrictModel):
     idempotency_key_header: str = "Idempotency-Key"
     journal: bool = True  # false: every host passes through unless its entry says journal: true
     protocol: ProtocolName = "auto"  # auto | rest | graphql | jsonrpc: how requests are read (protocols/)
+    approval: ApprovalSetting = ApprovalSetting()  # not required unless a host or a rule says so
     signing: SigningSettings = SigningSettings()  # in-house per-request signatures (rules/signing.py knows the common ones)
 
 
@@ -243,6 +246,7 @@ class HostPolicy:
     signing: Signing = NO_SIGNING
     upstream_keepalive: float = 4.0  # an idle connection is used again only within this (and the upstream's bound)
     upstream_connections: UpstreamConnections = "reuse"  # fresh: a new connection per write
+    approval: ApprovalSetting = NO_APPROVAL  # a rule's own `approval` wins (rules/approvals.py)
 
     def match_operation(self, method: str, path: str) -> tuple[OperationRule, dict[str, str]] | None:
         for rule in self.operations:
@@ -316,6 +320,7 @@ class ReceiptsConfig(StrictModel):
             idempotency_key_header=pick("idempotency_key_header"),
             operations=tuple(entry.operations),
             signing=signing,
+            approval=pick("approval"),
             **self._journal_policy(entry, host),
         )
 

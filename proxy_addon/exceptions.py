@@ -1,6 +1,6 @@
 """Everything that can go wrong, one class per failure, so callers catch exactly what they handle."""
 
-from proxy_addon.rules.records import Blocker, BlockKind, Intent
+from proxy_addon.rules.records import ApprovalRecord, Blocker, BlockKind, Intent
 
 
 class ReceiptsError(Exception):
@@ -101,6 +101,23 @@ class DuplicateSucceededError(DuplicateIntentError):
 
 class IdempotencyKeyMismatchError(DuplicateIntentError):
     """The agent reused an Idempotency-Key for a request with a different fingerprint."""
+
+
+class ApprovalNeededError(ReceiptsError):
+    """A write that needs a person's approval has none usable: it waits for `approval` (pending) or was denied."""
+
+    def __init__(self, approval: ApprovalRecord, intent: Intent):
+        super().__init__(f"approval {approval.approval_id} is {approval.state}")
+        self.approval = approval
+        self.intent = intent
+
+
+class ApprovalNotFoundError(ReceiptsError):
+    """No approval has this id."""
+
+
+class NotDecidableError(ReceiptsError):
+    """Only a pending, unexpired approval can be approved or denied; this one is not (its state says why)."""
 
 
 # -- a person's verdict -------------------------------------------------------------------------------------------

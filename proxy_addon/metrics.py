@@ -20,6 +20,7 @@ from proxy_addon.rules.states import RefusalReason, State
 # the store reports its transitions to, does not import the store
 JournalStatsReader = Callable[[], JournalStats]
 UnprovenRulesReader = Callable[[], int]  # read rules whose verifier controls' newest runs did not both pass
+PendingApprovalsReader = Callable[[], int]  # approvals waiting for a person, not yet expired
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -71,7 +72,24 @@ WRITER_PENDING = Gauge(
     "Writes this proxy handed to its journal writer that it has not answered yet.",
     registry=REGISTRY,
 )
+APPROVAL_DECISIONS = Counter(
+    "receipts_approval_decisions",
+    "People's decisions on approvals made through this process, by decision (`approved`, `denied`).",
+    ["decision"],
+    registry=REGISTRY,
+)
+APPROVALS_AWAITED = Counter(
+    "receipts_approvals_awaited",
+    "Journaled writes not forwarded because they wait for a person's approval, by the approval's state "
+    "(`pending`: asked or asked again; `denied`).",
+    ["state"],
+    registry=REGISTRY,
+)
 
+for _d in ("approved", "denied"):
+    APPROVAL_DECISIONS.labels(_d)
+for _d in ("pending", "denied"):
+    APPROVALS_AWAITED.labels(_d)
 for _cause in ("died", "unresponsive"):
     WRITER_RESTARTS.labels(_cause)
 for _s in State:  # every series exists from the start, at 0, so rates and alerts need no special case
@@ -102,12 +120,26 @@ def reused_connection_unknown() -> None:
     REUSED_CONNECTION_UNKNOWNS.inc()
 
 
+def approval_decided(decision: str) -> None:
+    APPROVAL_DECISIONS.labels(decision).inc()
+
+
+def approval_awaited(state: str) -> None:
+    APPROVALS_AWAITED.labels(state).inc()
+
+
 class StoreCollector(Collector):
     """Receipts by state, the oldest open receipt's age and the unproven read rules, queried when Prometheus scrapes."""
 
-    def __init__(self, read_stats: JournalStatsReader, read_unproven: UnprovenRulesReader | None = None):
+    def __init__(
+        self,
+        read_stats: JournalStatsReader,
+        read_unproven: UnprovenRulesReader | None = None,
+        read_pending: PendingApprovalsReader | None = None,
+    ):
         self.read_stats = read_stats
         self.read_unproven = read_unproven
+        self.read_pending = read_pending
 
     def describe(self) -> list[Metric]:
         return []  # registering must not query the database
@@ -117,6 +149,7 @@ class StoreCollector(Collector):
         try:
             stats = self.read_stats()
             unproven = None if self.read_unproven is None else self.read_unproven()
+            pending = None if self.read_pending is None else self.read_pending()
         except ReceiptsError:
             up.add_metric([], 0)
             yield up
@@ -140,9 +173,19 @@ class StoreCollector(Collector):
                 "absence verdicts, and their presence verdicts without the negative control, go to a person.",
                 value=unproven,
             )
+        if pending is not None:
+            yield GaugeMetricFamily(
+                "receipts_approvals_pending",
+                "Approvals waiting for a person's decision (not yet expired): their writes are not forwarded until then.",
+                value=pending,
+            )
 
 
-def registry_for(read_stats: JournalStatsReader | None, read_unproven: UnprovenRulesReader | None = None) -> CollectorRegistry:
+def registry_for(
+    read_stats: JournalStatsReader | None,
+    read_unproven: UnprovenRulesReader | None = None,
+    read_pending: PendingApprovalsReader | None = None,
+) -> CollectorRegistry:
     """This process's counters, plus the store's gauges: what an admin server's /metrics serves."""
     registry = CollectorRegistry(auto_describe=True)
     collectors = (
@@ -154,11 +197,13 @@ def registry_for(read_stats: JournalStatsReader | None, read_unproven: UnprovenR
         WRITER_STARTS,
         WRITER_RESTARTS,
         WRITER_PENDING,
+        APPROVAL_DECISIONS,
+        APPROVALS_AWAITED,
     )
     for collector in collectors:
         registry.register(collector)
     if read_stats is not None:
-        registry.register(StoreCollector(read_stats, read_unproven))
+        registry.register(StoreCollector(read_stats, read_unproven, read_pending))
     return registry
 
 

@@ -28,7 +28,9 @@ def create_app(config: ReceiptsConfig, store: ReceiptStore, settings: AdminSetti
     app.jinja_env.globals["STATES"] = [s.value for s in State]
     guards = Guards(settings)
     guards.install(app)
-    registry = metrics.registry_for(store.retention.stats, lambda: rule_health.unproven_rules(store))
+    registry = metrics.registry_for(
+        store.retention.stats, lambda: rule_health.unproven_rules(store), store.approvals.pending_count
+    )
     routing.set_context(app, routing.AdminContext(config, store, settings, registry, guards.login))
     errors.install(app)
     routing.install(app, *ALL)

@@ -25,6 +25,7 @@ SCHEMA_NAMES = {
     "ProofView": "Proof",
     "RetryView": "RetryDecision",
     "ProblemView": "Problem",
+    "ApprovalView": "Approval",
 }
 INFO = {
     "title": "receipts admin API",

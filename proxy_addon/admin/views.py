@@ -9,8 +9,10 @@ from pydantic import BaseModel, ConfigDict
 from werkzeug.datastructures import MultiDict
 
 from proxy_addon.exceptions import (
+    ApprovalNotFoundError,
     BadRequestError,
     InvalidResolutionError,
+    NotDecidableError,
     NotResolvableError,
     ReceiptNotFoundError,
     ReceiptsError,
@@ -30,8 +32,10 @@ def is_page(path: str) -> bool:
 
 
 def status_of(e: ReceiptsError) -> tuple[int, str]:
-    if isinstance(e, ReceiptNotFoundError):
+    if isinstance(e, ReceiptNotFoundError | ApprovalNotFoundError):
         return 404, "not-found"
+    if isinstance(e, NotDecidableError):
+        return 409, "not-decidable"
     if isinstance(e, NotResolvableError | StaleStateError):
         return 409, "not-resolvable"
     if isinstance(e, InvalidResolutionError):

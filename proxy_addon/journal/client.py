@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from proxy_addon import metrics
 from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import (
+    ApprovalNeededError,
     DuplicateIntentError,
     IllegalTransitionError,
     JournalTimeoutError,
@@ -47,6 +48,7 @@ from proxy_addon.exceptions import (
 from proxy_addon.journal.messages import (
     HEADER_SIZE,
     Advance,
+    AwaitingApproval,
     Blocked,
     Done,
     Failed,
@@ -59,6 +61,7 @@ from proxy_addon.journal.messages import (
     unframe,
 )
 from proxy_addon.log import get_logger
+from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.duplicates import successes_block_for
 from proxy_addon.rules.records import Intent
 from proxy_addon.rules.states import State, is_allowed
@@ -180,17 +183,22 @@ class JournalClient:
 
     # -- the hot path's two calls -----------------------------------------------------------------------------
 
-    async def record(self, intent: Intent, after_success: AfterSuccess, who: str) -> str | None:
+    async def record(
+        self, intent: Intent, after_success: AfterSuccess, who: str, approval: ApprovalAsk | None = None
+    ) -> str | None:
         """Decide and commit the receipt as `submitted` (creation and `planned -> submitted` rows, one commit);
         its history head, for the verdict's `advance`.
 
-        Raises DuplicateIntentError (nothing written), JournalUnavailableError (nothing written), or
+        Raises DuplicateIntentError (nothing written), ApprovalNeededError (no receipt: `approval` asks for a
+        person's approval, and there is none usable), JournalUnavailableError (nothing written), or
         WriterLostError (the writer died or was killed first: it may have committed it, or not)."""
         now = time.monotonic()
-        request = Record(intent, successes_block_for(after_success), who, now + self.timeout * WRITER_SHARE)
+        request = Record(intent, successes_block_for(after_success), who, now + self.timeout * WRITER_SHARE, approval)
         reply = await self._call(request, now + self.timeout * CALLER_SHARE)
         if isinstance(reply, Blocked):
             raise DuplicateIntentError.of(reply.blocker, intent)
+        if isinstance(reply, AwaitingApproval):
+            raise ApprovalNeededError(reply.approval, intent)
         _raise_failure(reply, intent.operation_id)
         metrics.transitioned(State.PLANNED)
         metrics.transitioned(State.SUBMITTED)

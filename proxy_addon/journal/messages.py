@@ -11,7 +11,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from proxy_addon.rules.records import Blocker, Intent
+from proxy_addon.rules.approvals import ApprovalAsk
+from proxy_addon.rules.records import ApprovalRecord, Blocker, Intent
 
 _LENGTH = struct.Struct(">I")
 HEADER_SIZE = _LENGTH.size
@@ -43,6 +44,7 @@ class Record:
     successes_block_for: float | None
     who: str
     deadline: float = math.inf  # time.monotonic() (one clock for the whole machine) past which nobody waits
+    approval: ApprovalAsk | None = None  # its rule asks for a person's approval first
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,13 @@ class Blocked:
 
 
 @dataclass(frozen=True, slots=True)
+class AwaitingApproval:
+    """A Record that needs a person's approval and has none usable: this pending (or denied) approval; no receipt."""
+
+    approval: ApprovalRecord
+
+
+@dataclass(frozen=True, slots=True)
 class Failed:
     """Not done. `reason`: `stale` (an Advance found the receipt in `actual`), `not_found`, or `unavailable`
     (the journal could not be written: nothing of this request was committed)."""
@@ -85,7 +94,7 @@ class Failed:
     actual: str | None = None
 
 
-Reply = Done | Blocked | Failed
+Reply = Done | Blocked | AwaitingApproval | Failed
 
 
 def frame(request_id: int, message: Any) -> bytes:

@@ -16,12 +16,13 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Dialect, Table
 
-from proxy_addon.rules.records import INTENT_FIELDS, RECEIPT_FIELDS
-from proxy_addon.rules.states import INVALIDATING_METHODS, NOT_HAPPENED_STATES, OPEN_STATES, State
-from proxy_addon.store.tables import Receipt, ReceiptTransition
+from proxy_addon.rules.records import APPROVAL_FIELDS, INTENT_FIELDS, RECEIPT_FIELDS
+from proxy_addon.rules.states import INVALIDATING_METHODS, NOT_HAPPENED_STATES, OPEN_STATES, ApprovalState, State
+from proxy_addon.store.tables import Approval, Receipt, ReceiptTransition
 
 _RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
 _TRANSITIONS: Table = ReceiptTransition.__table__  # type: ignore[assignment]
+_APPROVALS: Table = Approval.__table__  # type: ignore[assignment]
 
 
 def _listed(values: Iterable[str]) -> str:
@@ -115,6 +116,47 @@ def advance_in_one(columns: tuple[str, ...], owned: bool, headed: bool = True) -
     )
 
 
+# -- approvals: only a write whose rule asks for one runs these (writes.py, `_record_approved`) ------------------
+_PENDING, _APPROVED, _DENIED = (f"'{s.value}'" for s in (ApprovalState.PENDING, ApprovalState.APPROVED, ApprovalState.DENIED))
+_OF_INTENT = "account = :account AND intent_fingerprint = :fingerprint"
+_APPROVAL_SELECTED = ", ".join(APPROVAL_FIELDS)
+# an undecided request, or an unused approval, past its time
+EXPIRE_APPROVALS = (
+    f"UPDATE approvals SET state = '{ApprovalState.EXPIRED.value}' "
+    f"WHERE {_OF_INTENT} AND state IN ({_PENDING}, {_APPROVED}) AND expires_at <= :now"
+)
+# The compare-and-set that uses an approval up: of two writers (two replicas), the second finds it `used`
+# (PostgreSQL re-checks `state` on the row the first changed) and changes nothing.
+USE_APPROVAL = (
+    f"UPDATE approvals SET state = '{ApprovalState.USED.value}', operation_id = :operation_id "
+    f"WHERE state = {_APPROVED} AND approval_id = (SELECT approval_id FROM approvals WHERE {_OF_INTENT} "
+    f"AND state = {_APPROVED} AND expires_at > :now ORDER BY decided_at DESC LIMIT 1) RETURNING approval_id"
+)
+# Its receipt could not be inserted after all (a concurrent open one): the approval stays for the next request.
+UNUSE_APPROVAL = (
+    f"UPDATE approvals SET state = {_APPROVED}, operation_id = NULL "
+    f"WHERE approval_id = :approval_id AND state = '{ApprovalState.USED.value}'"
+)
+DENIAL = (
+    f"SELECT {_APPROVAL_SELECTED} FROM approvals WHERE {_OF_INTENT} AND state = {_DENIED} AND expires_at > :now "
+    "ORDER BY decided_at DESC LIMIT 1"
+)
+APPROVAL_INSERT_COLUMNS = (
+    "approval_id", "account", "intent_fingerprint", "operation", "method", "scheme", "host", "port", "path", "query",
+    "request_headers", "request_body", "request_body_size", "request_body_truncated", "body_note", "state",
+    "requested_at", "expires_at", "expires_seconds", "asked", "last_asked_at", "proxy_instance",
+)  # fmt: skip
+# A new pending approval; when the intent has one already (the unique index), nothing: the next statement asks it.
+INSERT_APPROVAL = (
+    f"INSERT INTO approvals ({', '.join(APPROVAL_INSERT_COLUMNS)}) "
+    f"VALUES ({', '.join(':' + c for c in APPROVAL_INSERT_COLUMNS)}) ON CONFLICT DO NOTHING"
+)
+ASK_AGAIN = (
+    f"UPDATE approvals SET asked = asked + 1, last_asked_at = :now WHERE {_OF_INTENT} AND state = {_PENDING} "
+    f"RETURNING {_APPROVAL_SELECTED}"
+)
+
+
 _NAMED = re.compile(r"(?<![:\w]):(\w+)")
 
 
@@ -123,6 +165,7 @@ class DriverStatements:
 
     def __init__(self, dialect: Dialect):
         self.name = dialect.name
+        self._dialect = dialect
         self._sql: dict[Any, str] = {}
         self._bind = _bind_processors(dialect)
         self._result = [self._result_of(dialect, name) for name in RECEIPT_FIELDS]
@@ -184,6 +227,18 @@ class DriverStatements:
             for name, convert, value in zip(RECEIPT_FIELDS, self._result, row, strict=True)
         }
 
+    def approval(self, row: tuple[Any, ...]) -> dict[str, Any]:
+        """A selected approval row (APPROVAL_FIELDS order) as the Python values SQLAlchemy would give."""
+        if not hasattr(self, "_approval_result"):
+            self._approval_result = [  # a float needs none (and PostgreSQL's asks for the column's type code)
+                None if name == "expires_seconds" else self._result_of(self._dialect, name, _APPROVALS)
+                for name in APPROVAL_FIELDS
+            ]
+        return {
+            name: (convert(value) if convert is not None and value is not None else value)
+            for name, convert, value in zip(APPROVAL_FIELDS, self._approval_result, row, strict=True)
+        }
+
     def head_row(self, row: tuple[Any, ...]) -> dict[str, Any]:
         """A HEAD_OF row as the Python values SQLAlchemy would give."""
         return {
@@ -192,14 +247,15 @@ class DriverStatements:
         }
 
     @staticmethod
-    def _result_of(dialect: Dialect, name: str) -> Callable[[Any], Any] | None:
-        return _RECEIPTS.c[name].type.dialect_impl(dialect).result_processor(dialect, None)
+    def _result_of(dialect: Dialect, name: str, table: Table = _RECEIPTS) -> Callable[[Any], Any] | None:
+        return table.c[name].type.dialect_impl(dialect).result_processor(dialect, None)
 
 
 def _bind_processors(dialect: Dialect) -> dict[str, Callable[[Any], Any]]:
-    """Bind processors by parameter name: the receipts' and the history's columns, and `since` (a timestamp)."""
-    columns: dict[str, ColumnElement[Any]] = {c.name: c for c in (*_TRANSITIONS.c, *_RECEIPTS.c)}
-    columns["since"] = _RECEIPTS.c.completed_at
+    """Bind processors by parameter name: the receipts', the history's and the approvals' columns, and `since`
+    and `now` (timestamps)."""
+    columns: dict[str, ColumnElement[Any]] = {c.name: c for c in (*_APPROVALS.c, *_TRANSITIONS.c, *_RECEIPTS.c)}
+    columns["since"] = columns["now"] = _RECEIPTS.c.completed_at
     columns["created_detail"] = columns["submitted_detail"] = _TRANSITIONS.c.detail
     out: dict[str, Callable[[Any], Any]] = {}
     for name, column in columns.items():

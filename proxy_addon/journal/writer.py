@@ -28,9 +28,22 @@ from typing import Any
 from proxy_addon.db import database_wait
 from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal.connection import DriverConnection
-from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Ready, Record, Reply, Setup, frame, split_frames
+from proxy_addon.journal.messages import (
+    Advance,
+    AwaitingApproval,
+    Blocked,
+    Done,
+    Failed,
+    Ready,
+    Record,
+    Reply,
+    Setup,
+    frame,
+    split_frames,
+)
 from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
 from proxy_addon.log import DeferredLogger
+from proxy_addon.rules.records import ApprovalRecord
 
 log = DeferredLogger("receipts.journal_writer")  # structlog loaded at the first line, if any: see log.py
 RECEIVE_SIZE = 1 << 18
@@ -70,7 +83,8 @@ class JournalWriter:
             return late + (self.run(live) if live else [])
         deadline = min(request.deadline for _, request in batch)  # no wait of the batch lasts past it
         try:
-            with self.connection.transaction(alone=len(batch) == 1, within=deadline - now) as conn:
+            alone = len(batch) == 1 and _one_statement(batch[0][1])
+            with self.connection.transaction(alone=alone, within=deadline - now) as conn:
                 self._exit_if_orphaned()
                 journal = JournalWrites.on(OnDriver(conn), self.connection.statements)
                 writes = [_write_of(request) for _, request in batch]
@@ -99,9 +113,15 @@ class JournalWriter:
         self.connection.close()
 
 
+def _one_statement(request: Record | Advance) -> bool:
+    """Whether the request writes with one statement (on PostgreSQL), so that alone it may run in autocommit:
+    every write but one needing approval, whose use of the approval and receipt must commit together."""
+    return not (isinstance(request, Record) and request.approval is not None)
+
+
 def _write_of(request: Record | Advance) -> NewReceipt | Step:
     if isinstance(request, Record):
-        return NewReceipt(request.intent, request.successes_block_for, request.who)
+        return NewReceipt(request.intent, request.successes_block_for, request.who, approval=request.approval)
     return Step(request.operation_id, request.expected_from, request.to, request.detail, request.updates, head=request.head)
 
 
@@ -110,6 +130,8 @@ def _apply(journal: JournalWrites, write: NewReceipt | Step, sent: Any) -> Reply
     try:
         if isinstance(write, NewReceipt):
             recorded = journal.record(write, sent)
+            if isinstance(recorded, ApprovalRecord):
+                return AwaitingApproval(recorded)
             return Done(recorded) if isinstance(recorded, str) else Blocked(recorded)
         return Done(journal.advance(write, sent))
     except StaleStateError as e:

@@ -9,6 +9,10 @@ an idempotency check, the interface is a few storage primitives:
   `planned -> submitted` when it is recorded as submitted), or answer the receipt in its way;
 - `advance`: a compare-and-set of a receipt's state (and history head) with column updates, and its history row;
 - `blocker`: the duplicate decision alone, read only: what stands in the way of an intent now.
+A write whose rule asks for a person's approval (`NewReceipt.approval`) is recorded only with an approved,
+unexpired approval of its intent, used up (a compare-and-set) in the same transaction as its receipt's
+creation; without one it records no receipt, and asks for (or finds) the intent's one pending approval, or its
+denial. Every other write runs exactly the statements it ran before approvals existed.
 None of them commits: each runs inside a transaction its caller opens and commits (the writer's group commit,
 or the store's SQLAlchemy transaction).
 
@@ -43,8 +47,18 @@ from proxy_addon.audit.chain import Identity, genesis, row_hash
 from proxy_addon.exceptions import IllegalTransitionError, JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal import statements as sql
 from proxy_addon.journal.statements import DriverStatements
-from proxy_addon.rules.records import INTENT_FIELDS, Blocker, BlockKind, Intent, ReceiptRecord, utcnow
-from proxy_addon.rules.states import TERMINAL_STATES, State, is_allowed
+from proxy_addon.rules.approvals import ApprovalAsk
+from proxy_addon.rules.records import (
+    INTENT_FIELDS,
+    ApprovalRecord,
+    Blocker,
+    BlockKind,
+    Intent,
+    ReceiptRecord,
+    new_approval_id,
+    utcnow,
+)
+from proxy_addon.rules.states import TERMINAL_STATES, ApprovalState, State, is_allowed
 
 RECORD_ATTEMPTS = 3  # decisions lost to a concurrent writer's insert (another proxy) before giving up
 ADVANCE_ATTEMPTS = 3  # compare-and-sets lost to another writer's step that left the same state (a read head)
@@ -72,7 +86,8 @@ UPDATABLE = frozenset(
 @dataclass(frozen=True, slots=True)
 class NewReceipt:
     """An intent to record: as `submitted` by `submitted_by` (the proxy, one commit before it sends), or as
-    `planned` when None (tests and tools). `successes_block_for`: how long (seconds) a success of the same
+    `planned` when None (tests and tools). `approval`: its rule asks for a person's approval first.
+    `successes_block_for`: how long (seconds) a success of the same
     intent stands in its way (duplicates.successes_block_for), None when none does. `at`: the time it is
     recorded at (created_at, and its history rows'); None: now (the writer's way), while the store's general
     path gives the time it read before its transaction began. Fixed once made, so that its rows (and their
@@ -82,6 +97,7 @@ class NewReceipt:
     successes_block_for: float | None
     submitted_by: str | None
     at: datetime | None = None
+    approval: ApprovalAsk | None = None  # a person must have approved the intent (rules/approvals.py)
 
     def __post_init__(self) -> None:
         if self.at is None:
@@ -188,13 +204,14 @@ class JournalWrites(ABC):
 
     # -- the primitives ---------------------------------------------------------------------------------------
 
-    def record(self, new: NewReceipt, sent: Sent | None = None) -> Blocker | str:
-        """The receipt in the way, or, once the intent is written with its history rows, its history head.
+    def record(self, new: NewReceipt, sent: Sent | None = None) -> Blocker | ApprovalRecord | str:
+        """The receipt in the way, or, once the intent is written with its history rows, its history head; for a
+        write that needs approval and has none usable, its pending (or denied) approval, and no receipt.
         `sent`: its first statement, already sent by `pipelined`. Of two writers that decide at once (two
         proxies on one PostgreSQL), the second's insert finds the first's open receipt in the partial unique
         index and writes nothing: it is refused by that receipt, or decides again if it closed meanwhile."""
         for _attempt in range(RECORD_ATTEMPTS):
-            outcome = self._record_once(new, sent)
+            outcome = self._record_once(new, sent) if new.approval is None else self._record_approved(new)
             sent = None
             if outcome is not None:
                 return outcome
@@ -277,6 +294,56 @@ class JournalWrites(ABC):
         found = self._first_receipt(sql.OPEN, decision)
         return None if found is None else Blocker(BlockKind.OPEN, found)
 
+    # -- approval first (only for a write whose rule asks for it) -----------------------------------------------
+
+    def _record_approved(self, new: NewReceipt) -> Blocker | ApprovalRecord | str | None:
+        """As `_record_once`, statement by statement on either database: what stands in the way first (a repeat
+        of an approved write in flight is a duplicate, not a second use); then the intent's approved, unexpired
+        approval is used up by this receipt (compare-and-set), in this transaction; without one, its pending
+        approval or denial is the answer and no receipt is written."""
+        decision = _decision(new.intent, new.successes_block_for)
+        blocker = self._blocker(decision)
+        if blocker is not None:
+            return blocker
+        now = new.at or utcnow()
+        intent = {"account": new.intent.account, "fingerprint": new.intent.intent_fingerprint, "now": now}
+        self._execute(sql.EXPIRE_APPROVALS, intent)
+        used = self._execute(sql.USE_APPROVAL, {**intent, "operation_id": new.intent.operation_id}).fetchone()
+        if used is None:
+            # none approved, or a concurrent writer (another replica) used it first: its receipt is in the way now
+            return self._blocker(decision) or self._ask_approval(new, intent)
+        row, history = _new_rows(new, approval_id=used[0])
+        if self._execute(sql.INSERT_RECEIPT, row).rowcount == 1:
+            for history_row in history:
+                self._execute(sql.INSERT_TRANSITION, history_row)
+            return str(row["history_head"])
+        self._execute(sql.UNUSE_APPROVAL, {"approval_id": used[0]})
+        return self._open_receipt(decision)
+
+    def _ask_approval(self, new: NewReceipt, intent: dict[str, Any]) -> ApprovalRecord:
+        """The intent's denial while it stands; else its one pending approval (made now if it has none: the
+        unique index makes two replicas share one), asked once more."""
+        denial = self._execute(sql.DENIAL, intent).fetchone()
+        if denial is not None:
+            return ApprovalRecord(**self.sql.approval(tuple(denial)))
+        assert new.approval is not None
+        now, i = intent["now"], new.intent
+        row = {name: getattr(i, name) for name in ("account", "operation", "method", "scheme", "host", "port", "path", "query")}
+        row.update(
+            {name: getattr(i, name) for name in ("request_headers", "request_body", "request_body_size", "request_body_truncated", "body_note", "proxy_instance")},
+            approval_id=new_approval_id(),
+            intent_fingerprint=i.intent_fingerprint,
+            state=ApprovalState.PENDING.value,
+            requested_at=now,
+            expires_at=now + timedelta(seconds=new.approval.expires),
+            expires_seconds=new.approval.expires,
+            asked=0,
+            last_asked_at=now,
+        )
+        self._execute(sql.INSERT_APPROVAL, row)
+        pending = self._execute(sql.ASK_AGAIN, intent).fetchone()
+        return ApprovalRecord(**self.sql.approval(tuple(pending)))
+
 
 class SQLiteWrites(JournalWrites):
     """Decide, then write, statement by statement (module docstring)."""
@@ -321,9 +388,14 @@ class PostgresWrites(JournalWrites):
         ahead = next((i for i, w in enumerate(writes) if isinstance(w, Step) and w.head is None), len(writes))
         if ahead < 2:
             return [None] * len(writes)
-        with self.connection.pipeline():
-            sent = [self._send_record(w) if isinstance(w, NewReceipt) else self._send_advance(w) for w in writes[:ahead]]
+        with self.connection.pipeline():  # a write that needs approval runs its statements one by one, later
+            sent = [self._send_first(w) for w in writes[:ahead]]
         return [*sent, *[None] * (len(writes) - ahead)]
+
+    def _send_first(self, write: NewReceipt | Step) -> Sent | None:
+        if isinstance(write, Step):
+            return self._send_advance(write)
+        return None if write.approval is not None else self._send_record(write)
 
     def _record_once(self, new: NewReceipt, sent: Sent | None) -> Blocker | str | None:
         sent = sent if sent is not None else self._send_record(new)
@@ -363,13 +435,15 @@ def _decision(intent: Intent, successes_block_for: float | None) -> dict[str, An
     return params
 
 
-def _new_rows(new: NewReceipt) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _new_rows(new: NewReceipt, approval_id: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The receipt's row and its history rows, written at one time, each row with its hash in the chain and
-    the receipt with its head."""
+    the receipt with its head; its creation row names the approval it used, when it needed one."""
     intent, now = new.intent, new.at or utcnow()
     row = {name: getattr(intent, name) for name in INTENT_FIELDS}
     row.update(state=State.PLANNED.value, created_at=now, updated_at=now, submitted_at=None)
     created = {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint}
+    if approval_id is not None:
+        created["approval_id"] = approval_id
     history: list[dict[str, Any]] = [
         {"operation_id": intent.operation_id, "from_state": None, "to_state": State.PLANNED.value, "recorded_at": now, "detail": created}
     ]

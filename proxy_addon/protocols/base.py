@@ -36,6 +36,8 @@ ADVICE = {
     "not-sent": "Nothing reached the server: you may send it again.",
     "journal-unavailable": "Nothing was sent: you may send it again later.",
     "idempotency-key-mismatch": "Use a new Idempotency-Key for a different request.",
+    "approval-required": "Do not change the request: ask a person to approve it, then send this same request again.",
+    "approval-denied": "Do not send it again: a person decided against it.",
 }
 
 
@@ -49,6 +51,7 @@ class Problem:
     detail: str
     operation_id: str | None
     state: str | None
+    approval_id: str | None = None
 
     @property
     def advice(self) -> str:
@@ -109,6 +112,7 @@ def problem_of(answer: Answer) -> Problem | None:
         detail=str(document.get("detail") or ""),
         operation_id=document.get("operation_id"),
         state=document.get("state"),
+        approval_id=document.get("approval_id"),
     )
 
 

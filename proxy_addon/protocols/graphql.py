@@ -95,7 +95,7 @@ class GraphQLCall(Call):
         problem = problem_of(answer)
         if problem is None:
             return answer
-        extensions = {"code": problem.kind, "operation_id": problem.operation_id, "state": problem.state}
+        extensions = {"code": problem.kind, "operation_id": problem.operation_id, "state": problem.state, "approval_id": problem.approval_id}
         error = {"message": problem.sentence(), "extensions": {k: v for k, v in extensions.items() if v is not None}}
         content_type = RESPONSE_CONTENT_TYPE if self.graphql_response else "application/json"
         body = json.dumps({"errors": [error]}).encode()

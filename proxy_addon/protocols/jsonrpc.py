@@ -142,7 +142,8 @@ class RpcCall(Call):
             error = {
                 "code": SERVER_ERROR,
                 "message": problem.sentence(),
-                "data": {"type": problem.kind, "operation_id": problem.operation_id, "state": problem.state},
+                "data": {"type": problem.kind, "operation_id": problem.operation_id, "state": problem.state}
+                | ({"approval_id": problem.approval_id} if problem.approval_id else {}),
             }
             return self._reply({"error": error}, answer)
         if is_replay(answer):

@@ -142,6 +142,37 @@ def journal_unavailable(reason: str) -> Answer:
     )
 
 
+# -- a write that waits for a person's approval (rules/approvals.py) ---------------------------------------------
+
+
+def approval_required(approval_id: str, operation: str, asked: int, expires_at: str) -> Answer:
+    return problem(
+        403,
+        "approval-required",
+        "Approval required",
+        f"This request ({operation}) needs a person's approval before it is forwarded; it was not forwarded. "
+        f"Approval {approval_id} is pending: a person must approve it (receipts approve {approval_id}), and then "
+        f"this same request must be sent again, before {expires_at}.",
+        approval_id=approval_id,
+        state="pending",
+        asked=asked,
+        expires_at=expires_at,
+    )
+
+
+def approval_denied(approval_id: str, operation: str, decided_by: str | None, note: str | None) -> Answer:
+    return problem(
+        403,
+        "approval-denied",
+        "Approval denied",
+        f"A person ({decided_by or 'unknown'}) denied this request ({operation}); it was not forwarded. "
+        f"Their note: {note or '(none)'}",
+        approval_id=approval_id,
+        state="denied",
+        note=note,
+    )
+
+
 # -- requests the proxy refuses before journaling them (addons/admission.py) -----------------------------------------
 
 

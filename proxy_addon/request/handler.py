@@ -23,6 +23,7 @@ import structlog
 from proxy_addon import metrics, tracing
 from proxy_addon.config import HostPolicy, ReceiptsConfig
 from proxy_addon.exceptions import (
+    ApprovalNeededError,
     DuplicateIntentError,
     JournalUnavailableError,
     ReceiptNotFoundError,
@@ -39,10 +40,11 @@ from proxy_addon.request.sender import Sender, SendResult, Timeouts
 from proxy_addon.request.waiters import VerdictWaiters
 from proxy_addon.rules import duplicates
 from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.approvals import approval_for
 from proxy_addon.rules.intent import build_intent
 from proxy_addon.rules.operations import OperationRule
 from proxy_addon.rules.records import Intent, Verdict, new_operation_id
-from proxy_addon.rules.states import State
+from proxy_addon.rules.states import ApprovalState, State
 from proxy_addon.rules.verdicts import not_sent, send_verdict, storable_response
 from proxy_addon.store import ReceiptStore
 
@@ -98,6 +100,7 @@ class WriteHandler:
         agent_key = _header(facts, policy.idempotency_key_header)
         started = time.perf_counter()
         intent, rule = await self._intent(facts, policy, agent_key, operation_id)
+        ask = approval_for(policy.approval, rule.approval if rule is not None else None)  # None: no approval rule
         if tracing.enabled:
             tracing.name_write(facts, intent.operation)
         waited = False
@@ -107,8 +110,10 @@ class WriteHandler:
         while True:
             answer_by = loop.time() + self.config.proxy.journal_timeout
             try:
-                head = await self.journal.record(intent, policy.after_success, self.instance_id)
+                head = await self.journal.record(intent, policy.after_success, self.instance_id, ask)
                 break
+            except ApprovalNeededError as e:
+                return _awaiting_approval(e)
             except DuplicateIntentError as e:
                 if policy.in_flight.policy != "wait" or not duplicates.in_flight(e.blocker):
                     return self._refuse(e, policy, agent_key, waited)
@@ -287,6 +292,18 @@ class WriteHandler:
                     raise
 
         await self._on_journal_thread(general_path)
+
+
+def _awaiting_approval(e: ApprovalNeededError) -> Handled:
+    """Nothing journaled, nothing forwarded: the approval it waits for, or the person's denial."""
+    a = e.approval
+    log.info("request_awaiting_approval", approval_id=a.approval_id, state=a.state, asked=a.asked, operation=a.operation)
+    metrics.approval_awaited(a.state)
+    if a.state == ApprovalState.DENIED.value:
+        answer = answers.approval_denied(a.approval_id, a.operation, a.decided_by, a.note)
+    else:
+        answer = answers.approval_required(a.approval_id, a.operation, a.asked, f"{a.expires_at:%Y-%m-%dT%H:%M:%SZ}")
+    return Handled(answer, {"approval_id": a.approval_id, "refused": "approval_" + a.state})
 
 
 def _answer(intent: Intent, result: SendResult, verdict: Verdict) -> Answer:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from proxy_addon.rules.approvals import ApprovalSetting
 from proxy_addon.units import Duration, JsonPath, JsonPathField, PositiveDuration, StrictModel, compile_jsonpath
 
 MUTATING_METHODS = ("POST", "PUT", "PATCH", "DELETE")
@@ -123,6 +124,7 @@ class OperationRule(StrictModel):
     protocol: ProtocolName | None = None  # None: the host's (auto by default)
     read_methods: list[str] = Field(default_factory=list)  # JSON-RPC methods (globs) that are reads
     call: str | None = None  # only these calls (glob): an MCP tool name, a GraphQL operation, a JSON-RPC method
+    approval: ApprovalSetting | None = None  # None: the host's; `required`: a person approves each intent first
 
     @field_validator("method")
     @classmethod

@@ -237,3 +237,43 @@ class JournalStats:
     by_state: dict[str, int]  # every state, 0 included
     by_host: dict[str, dict[str, int]]  # host -> state -> count, the states it has
     oldest_open_age_seconds: float | None
+
+
+def new_approval_id() -> str:
+    return "ap_" + uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class ApprovalRecord:
+    """One row of `approvals`: a person's approval of one intent, asked for by a journaled write that needs it,
+    with the request as journaled (redacted, as a receipt keeps it) for the person to judge."""
+
+    approval_id: str
+    account: str
+    intent_fingerprint: str
+    operation: str
+    method: str
+    scheme: str
+    host: str
+    port: int
+    path: str
+    query: str | None
+    request_headers: dict[str, Any] | None
+    request_body: bytes | None
+    request_body_size: int
+    request_body_truncated: bool
+    body_note: str | None
+    state: str  # ApprovalState
+    requested_at: datetime
+    expires_at: datetime  # pending: by then a person decides; approved: by then it is used; denied: it stands till then
+    expires_seconds: float
+    asked: int  # how many times the agent sent this request while it was pending
+    last_asked_at: datetime
+    decided_at: datetime | None
+    decided_by: str | None
+    note: str | None
+    operation_id: str | None  # the receipt that used it
+    proxy_instance: str | None
+
+
+APPROVAL_FIELDS = tuple(f.name for f in fields(ApprovalRecord))

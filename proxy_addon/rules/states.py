@@ -76,3 +76,19 @@ class ControlResult(StrEnum):
     FAILED = "failed"
     READ_FAILED = "read_failed"
     NO_KNOWN_SUCCESS = "no_known_success"
+
+
+class ApprovalState(StrEnum):
+    """Where a person's approval of one intent stands. `pending` waits for a person; `approved` may be used
+    by the next same request before it expires; `used` was used up by the receipt it names; `denied` and
+    `expired` are final."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    USED = "used"
+    EXPIRED = "expired"
+
+
+# Only a pending approval is decided by a person.
+DECIDABLE_APPROVAL_STATES: frozenset[ApprovalState] = frozenset({ApprovalState.PENDING})

@@ -9,7 +9,8 @@
 - `retention`: counts and pruning;
 - `scrub`: rows from earlier versions redacted again with today's rules (`receipts scrub`);
 - `audit`: the audit trail's chains, checkpoints and events (`receipts verify`, `receipts checkpoint`);
-- `controls`: the runs of the read rules' verifier controls, and the known successes they are run on.
+- `controls`: the runs of the read rules' verifier controls, and the known successes they are run on;
+- `approvals`: a person's approvals of writes that need one: list, show, approve, deny.
 """
 
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ class ReceiptStore:
     def __init__(self, engine: "Engine"):
         # The parts are imported when a store is made, not with this package: the journal writer process
         # imports the tables alone (store/tables.py), and none of the rest, whose imports it would pay at start.
+        from proxy_addon.store.approvals import Approvals
         from proxy_addon.store.audit import AuditTrail
         from proxy_addon.store.controls import ControlRuns
         from proxy_addon.store.database import Database
@@ -42,3 +44,4 @@ class ReceiptStore:
         self.scrub = Scrubber(self.db)
         self.audit = AuditTrail(self.db)
         self.controls = ControlRuns(self.db)
+        self.approvals = Approvals(self.db)

@@ -27,11 +27,12 @@ from sqlalchemy import Connection, Table, select
 
 from proxy_addon import metrics
 from proxy_addon.config import AfterSuccess
-from proxy_addon.exceptions import DuplicateIntentError, ReceiptNotFoundError
+from proxy_addon.exceptions import ApprovalNeededError, DuplicateIntentError, ReceiptNotFoundError
 from proxy_addon.journal.statements import DriverStatements
 from proxy_addon.journal.writes import Cursor, JournalWrites, NewReceipt, Step
+from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.duplicates import successes_block_for
-from proxy_addon.rules.records import Blocker, Intent, ReceiptRecord, TransitionRecord, utcnow
+from proxy_addon.rules.records import ApprovalRecord, Blocker, Intent, ReceiptRecord, TransitionRecord, utcnow
 from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
 from proxy_addon.store.tables import Receipt, ReceiptTransition
@@ -47,14 +48,17 @@ class StoredReceipts:
 
     # -- the write path ---------------------------------------------------------------------------------------
 
-    def record_and_submit(self, intent: Intent, after_success: AfterSuccess | None, who: str) -> None:
+    def record_and_submit(
+        self, intent: Intent, after_success: AfterSuccess | None, who: str, approval: ApprovalAsk | None = None
+    ) -> None:
         """Decide and commit the receipt as `submitted`, its creation row and its `planned -> submitted` row
         together: one durable commit before the request may go upstream (docs/architecture.md, "States").
 
-        Raises DuplicateIntentError or JournalUnavailableError; either way nothing was recorded.
+        Raises DuplicateIntentError, ApprovalNeededError (`approval`: a person must approve first; its pending
+        approval may have been written, no receipt was) or JournalUnavailableError.
         """
         with self.db.storage_errors():
-            self._record(intent, after_success or AfterSuccess(), submitted_by=who)
+            self._record(intent, after_success or AfterSuccess(), submitted_by=who, approval=approval)
         metrics.transitioned(State.SUBMITTED)
 
     def record(self, intent: Intent, after_success: AfterSuccess | None = None) -> None:
@@ -62,9 +66,13 @@ class StoredReceipts:
         with self.db.storage_errors():
             self._record(intent, after_success or AfterSuccess(), submitted_by=None)
 
-    def _record(self, intent: Intent, after_success: AfterSuccess, submitted_by: str | None) -> None:
-        new = NewReceipt(intent, successes_block_for(after_success), submitted_by, at=utcnow())
+    def _record(
+        self, intent: Intent, after_success: AfterSuccess, submitted_by: str | None, approval: ApprovalAsk | None = None
+    ) -> None:
+        new = NewReceipt(intent, successes_block_for(after_success), submitted_by, at=utcnow(), approval=approval)
         recorded = self.db.write(lambda conn: self.writes(conn).record(new))
+        if isinstance(recorded, ApprovalRecord):
+            raise ApprovalNeededError(recorded, intent)
         if not isinstance(recorded, str):
             raise DuplicateIntentError.of(recorded, intent)
         metrics.transitioned(State.PLANNED)

@@ -9,6 +9,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -22,7 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from proxy_addon.rules.states import OPEN_STATES, ControlKind, ControlResult, RefusalReason, State
+from proxy_addon.rules.states import OPEN_STATES, ApprovalState, ControlKind, ControlResult, RefusalReason, State
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -271,4 +272,60 @@ class VerifierControl(Base):
         CheckConstraint(f"result IN ({_CONTROL_RESULT_LIST})", name="result"),
         Index("ix_verifier_controls_rule", "host", "port", "operation", "account", "rule", "control", "checked_at"),
         Index("ix_verifier_controls_checked_at", "checked_at"),
+    )
+
+
+_APPROVAL_STATE_LIST = ", ".join(f"'{s.value}'" for s in ApprovalState)
+PENDING_APPROVAL_PREDICATE = f"state = '{ApprovalState.PENDING.value}'"
+
+
+class Approval(Base):
+    """A person's approval of one intent (account + fingerprint) before a write that needs one is forwarded.
+
+    Holds the request as journaled (redacted, as the receipts keep it: no secret), for the person to judge;
+    `operation_id` is the receipt that used it up (not a foreign key: it outlives that receipt's pruning).
+    """
+
+    __tablename__ = "approvals"
+
+    approval_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    account: Mapped[str] = mapped_column(String(80))
+    intent_fingerprint: Mapped[str] = mapped_column(String(80))
+    operation: Mapped[str] = mapped_column(Text)
+    method: Mapped[str] = mapped_column(String(16))
+    scheme: Mapped[str] = mapped_column(String(8))
+    host: Mapped[str] = mapped_column(String(255))
+    port: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    query: Mapped[str | None] = mapped_column(Text)
+    request_headers: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    request_body: Mapped[bytes | None] = mapped_column(LargeBinary)
+    request_body_size: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    request_body_truncated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    body_note: Mapped[str | None] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))
+    requested_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    expires_seconds: Mapped[float] = mapped_column(Float)
+    asked: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_asked_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    decided_by: Mapped[str | None] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(Text)
+    operation_id: Mapped[str | None] = mapped_column(String(64))
+    proxy_instance: Mapped[str | None] = mapped_column(String(64))
+
+    __table_args__ = (
+        CheckConstraint(f"state IN ({_APPROVAL_STATE_LIST})", name="state"),
+        Index("ix_approvals_state_requested_at", "state", "requested_at"),
+        Index("ix_approvals_account_fingerprint_state", "account", "intent_fingerprint", "state"),
+        # one pending approval per intent: two replicas asking at once share it
+        Index(
+            "uq_approvals_pending_intent",
+            "account",
+            "intent_fingerprint",
+            unique=True,
+            sqlite_where=text(PENDING_APPROVAL_PREDICATE),
+            postgresql_where=text(PENDING_APPROVAL_PREDICATE),
+        ),
     )

@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy_addon.rules.records import ReceiptRecord, TransitionRecord
+from proxy_addon.rules.records import ApprovalRecord, ReceiptRecord, TransitionRecord
 
 FOLD_LINES = 30  # a body longer than this many lines (or FOLD_CHARS characters) shows its start, the rest folded
 FOLD_CHARS = 2000
@@ -66,11 +66,11 @@ def netloc(scheme: str, host: str, port: int) -> str:
     return shown if DEFAULT_PORTS.get(scheme) == port else f"{shown}:{port}"
 
 
-def request_url(r: ReceiptRecord) -> str:
+def request_url(r: ReceiptRecord | ApprovalRecord) -> str:
     return f"{r.scheme}://{netloc(r.scheme, r.host, r.port)}{r.path}{'?' + r.query if r.query else ''}"
 
 
-def request_view(r: ReceiptRecord) -> RequestView:
+def request_view(r: ReceiptRecord | ApprovalRecord) -> RequestView:
     headers = {str(k): str(v) for k, v in (r.request_headers or {}).items()}
     body = body_view(r.request_body, r.request_body_size, r.request_body_truncated, r.body_note, headers.get("content-type"))
     return RequestView(method=r.method, url=request_url(r), headers=headers, body=body)

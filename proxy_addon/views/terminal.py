@@ -61,11 +61,14 @@ def console() -> Any:
     return Console(width=None if sys.stdout.isatty() else _PIPED_WIDTH, highlight=False)
 
 
-def exchange_table(title: str, first: str, headers: dict[str, str], body: BodyView, operation_id: str) -> None:
+def exchange_table(
+    title: str, first: str, headers: dict[str, str], body: BodyView, operation_id: str, whole: str | None = None
+) -> None:
+    """`whole`: the command that shows a folded body whole (default: the receipt's `receipts show ID --json`)."""
     folded = fold(body_lines(body))
     shown = folded.head
     if folded.rest:
-        shown += f"\n... {folded.more} folded: `receipts show {operation_id} --json` has it all"
+        shown += f"\n... {folded.more} folded: `{whole or f'receipts show {operation_id} --json'}` has it all"
     rows = [("", first), ("headers", "\n".join(f"{k}: {v}" for k, v in headers.items()) or "-"), ("body", body_summary(body))]
     if shown:
         rows.append(("", shown))

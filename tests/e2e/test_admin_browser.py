@@ -46,11 +46,22 @@ def _need_browser():
 @pytest.fixture
 def admin_proxy(sqlite_url, tmp_path):
     """A real proxy whose `running` hook started the admin server (admin.enabled), and a real upstream."""
+    yield from _admin_proxy(sqlite_url, tmp_path, approval=False)
+
+
+@pytest.fixture
+def approval_proxy(sqlite_url, tmp_path):
+    """As admin_proxy, its upstream's writes needing a person's approval."""
+    yield from _admin_proxy(sqlite_url, tmp_path, approval=True)
+
+
+def _admin_proxy(sqlite_url, tmp_path, approval: bool):
     migrate(sqlite_url)
     upstream = start_upstream()
     port = free_port()
     config = tmp_path / "config.yaml"
-    config.write_text(f"secret_file: {tmp_path / 'secret'}\nadmin: {{enabled: true, listen_port: {port}}}\n")
+    hosts = f'hosts:\n  "127.0.0.1:{upstream.port}": {{approval: required}}\n' if approval else ""
+    config.write_text(f"secret_file: {tmp_path / 'secret'}\nadmin: {{enabled: true, listen_port: {port}}}\n{hosts}")
     proxy = start_inprocess_proxy(config, sqlite_url, tmp_path / "confdir")
     admin_url = f"http://127.0.0.1:{port}"
     try:
@@ -130,3 +141,54 @@ def test_a_person_settles_an_unknown_receipt_in_the_browser(admin_proxy):
     last = store.receipts.history(op)[-1]
     assert (last.from_state, last.to_state) == ("manual_review", "succeeded") and last.detail["note"] == NOTE
     assert (ARTIFACTS / "admin.png").stat().st_size > 10_000
+
+
+def test_a_person_approves_a_waiting_write_in_the_browser(approval_proxy):
+    _need_browser()
+    from playwright.sync_api import expect, sync_playwright
+
+    proxy, upstream, admin_url, _config = approval_proxy
+    store = proxy.addon.store
+    url = f"{upstream.base}/refunds?order=88"
+    body, secret = {"order": 88, "amount": 1999}, {"Authorization": "Bearer sk_live_approval"}
+    with httpx.Client(proxy=proxy.url, trust_env=False, timeout=10) as agent:
+        for _ in range(2):
+            asked = agent.post(url, json=body, headers=secret)
+            assert asked.status_code == 403 and asked.json()["type"].endswith("approval-required")
+        approval_id = asked.json()["approval_id"]
+        assert upstream.count("POST") == 0
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.set_default_timeout(15_000)
+                page.goto(admin_url + "/")
+                page.get_by_role("link", name="Approvals").click()
+                card = page.locator(f"#{approval_id}")
+                expect(card).to_contain_text(f"POST http://127.0.0.1:{upstream.port}/refunds?order=88")
+                expect(card.locator(".operation")).to_have_text("POST 127.0.0.1 /refunds")
+                expect(card.locator(".asked")).to_have_text("2")
+                expect(card.locator(".account")).to_have_text(store.approvals.get(approval_id).account)
+                expect(page.locator(f"#{approval_id}-headers")).to_contain_text("[REDACTED]")
+                expect(page.locator(f"#{approval_id}-body")).to_have_text('{\n  "amount": 1999,\n  "order": 88\n}')
+                assert "sk_live_approval" not in page.content()
+                card.get_by_label("Note (kept with the approval)").fill("Refund 88 matches the ticket")
+                card.get_by_label("Your name (optional)").fill("Ana")
+                card.get_by_role("button", name="Approve").click()
+                expect(page.get_by_role("status")).to_contain_text("approved")
+                expect(page.locator(f"#{approval_id}")).to_have_count(0)  # no longer in the queue
+                page.screenshot(path=str(ARTIFACTS / "admin-approvals.png"), full_page=True)
+
+                forwarded = agent.post(url, json=body, headers=secret)
+                assert forwarded.status_code == 201 and upstream.count("POST") == 1
+                page.reload()
+                past = page.locator(f"#past-{approval_id}")
+                expect(past).to_contain_text("used")
+                expect(past).to_contain_text("Ana")
+                expect(past).to_contain_text("Refund 88 matches the ticket")
+                expect(past.get_by_role("link", name=forwarded.headers["x-receipt-id"])).to_have_count(1)
+            finally:
+                browser.close()
+    decided = store.approvals.get(approval_id)
+    assert (decided.state, decided.decided_by, decided.operation_id) == ("used", "Ana", forwarded.headers["x-receipt-id"])

@@ -19,6 +19,8 @@ from proxy_addon.admin.routing import Operation, Param, Routes, declared_routes,
 from proxy_addon.admin.server import AdminServer
 from proxy_addon.config import parse_config
 from proxy_addon.db import make_engine
+from proxy_addon.exceptions import ApprovalNeededError
+from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
 from proxy_addon.views.documents import ShowView, show_document
@@ -38,9 +40,15 @@ DOCUMENTED_BEFORE = {
     *(("/receipts/{operation_id}/resolve", "post", s) for s in ("200", "400", "401", "404", "409", "415", "422")),
     ("/metrics", "get", "200"), ("/metrics", "get", "401"),
     ("/openapi.json", "get", "200"), ("/openapi.json", "get", "401"),
+    # approvals
+    ("/approvals", "get", "200"), ("/approvals", "get", "400"), ("/approvals", "get", "401"),
+    ("/approvals/{approval_id}", "get", "200"), ("/approvals/{approval_id}", "get", "401"),
+    ("/approvals/{approval_id}", "get", "404"),
+    *((f"/approvals/{{approval_id}}/{d}", "post", s) for d in ("approve", "deny")
+      for s in ("200", "400", "401", "404", "409", "415")),
 }
 COMPONENTS_BEFORE = {"State", "BodyView", "RequestView", "ResponseView", "Receipt", "Transition", "ReceiptWithHistory",
-                     "RetryDecision", "Proof", "Resolution", "Problem"}
+                     "RetryDecision", "Proof", "Resolution", "Problem", "Approval", "ApprovalState", "Decision"}
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +118,42 @@ def test_it_documents_exactly_the_api_routes_the_app_serves(app, document):
     documented = {(path, method) for path, item in document["paths"].items() for method in item}
     assert served == documented
     pages = {r.rule for r in app.url_map.iter_rules() if r.endpoint in routes and routes[r.endpoint].operation is None}
-    assert pages == {"/", "/ui/receipts/<operation_id>", "/ui/receipts/<operation_id>/resolve", "/login", "/logout"}
+    assert pages == {"/", "/ui/receipts/<operation_id>", "/ui/receipts/<operation_id>/resolve", "/login", "/logout",
+                     "/ui/approvals", "/ui/approvals/<approval_id>/decide"}
+
+
+def pending_approval(store) -> str:
+    try:
+        store.receipts.record_and_submit(intent(), None, "test", ApprovalAsk(expires=3600))
+    except ApprovalNeededError as e:
+        return e.approval.approval_id
+    raise AssertionError("a write that needs approval was recorded")
+
+
+def _approval_request(servers, store, path: str, method: str, status: str) -> httpx.Response:
+    plain, tokenless = servers
+    approval_id = pending_approval(store)
+    if status == "409":
+        store.approvals.decide(approval_id, "deny", "decided first", "test")
+    url = path.replace("{approval_id}", "ap_nope" if status == "404" else approval_id)
+    if status == "401":
+        return tokenless.request(method, url, json={"note": "x"} if method == "post" else None)
+    if method == "get":
+        return plain.get(url, params={"state": "finished"} if status == "400" else None)
+    bodies: dict[str, Any] = {
+        "200": {"json": {"note": "checked", "who": "ana"}},
+        "400": {"json": ["not", "an", "object"]},
+        "404": {"json": {"note": "x"}},
+        "409": {"json": {"note": "x"}},
+        "415": {"content": "note=x", "headers": {"Content-Type": "text/plain"}},
+    }
+    return plain.post(url, **bodies[status])
 
 
 def _request(servers, store, path: str, method: str, status: str) -> httpx.Response:
     """A real request that gets `status` from `method path`."""
+    if path.startswith("/approvals"):
+        return _approval_request(servers, store, path, method, status)
     plain, tokenless = servers
     op = made(store, State.SUCCEEDED if status == "409" else State.MANUAL_REVIEW, status_code=201)
     url = path.replace("{operation_id}", "op_nope" if status == "404" else op)

@@ -24,6 +24,7 @@ hosts:
   "api.example.com":                    # a host, or host:port (host:port wins over host)
     upstream_timeout: 10s
     inject_idempotency_key: false       # true: send the operation id as Idempotency-Key upstream
+    approval: {required: false, expires: 1h}   # true: a person approves each intent before it is forwarded
     operations:
       - name: articles.create
         method: POST
@@ -105,6 +106,8 @@ OP = HOST + "    operations:\n      - name: a\n        method: POST\n        pat
     (OP.replace("path: /a", "path: 'a/{id}'"), "hosts.api.example.com.operations.0.path"),
     (OP.replace("path: /a", "path: '/a/{id}/{id}'"), "hosts.api.example.com.operations.0.path"),
     (OP.replace("method: POST", "method: 'GE T'"), "hosts.api.example.com.operations.0.method"),  # not a token
+    (HOST + "    approval: maybe\n", "hosts.api.example.com.approval"),
+    (OP + "        approval: {required: true, expires: soon}\n", "hosts.api.example.com.operations.0.approval.expires"),
     (OP + "        reconcile: {strategy: lookup, url: 'https://x/{nope}'}\n",
      "hosts.api.example.com.operations.0.reconcile.url"),
     (OP + "        reconcile: {strategy: lookup}\n", "hosts.api.example.com.operations.0.reconcile"),
@@ -290,3 +293,20 @@ def test_a_renamed_key_keeps_working_with_a_deprecation_line_and_both_names_are_
     assert parse_config("proxy: {database_threads: 5}").proxy.database_threads == 5
     with pytest.raises(ConfigError, match=r"proxy.journal_threads is the old name of proxy.database_threads"):
         parse_config("proxy: {journal_threads: 3, database_threads: 4}")
+
+
+@pytest.mark.parametrize("host, rule, expected", [
+    ("approval: required", "", (True, 3600.0)),
+    ("approval: {required: true, expires: 15m}", "", (True, 900.0)),
+    ("approval: required", "approval: {required: false}", None),  # the rule's own setting wins
+    ("", "approval: {required: true, expires: 2s}", (True, 2.0)),
+    ("", "", None),
+])
+def test_approval_comes_from_the_rule_else_the_host(host, rule, expected):
+    from proxy_addon.rules.approvals import approval_for
+
+    cfg = parse_config(f"hosts:\n  a.example:\n    {host or 'journal: true'}\n    operations:\n"
+                       f"      - {{name: x, method: POST, path: /x{', ' + rule if rule else ''}}}\n")
+    policy = cfg.policy_for("a.example", 443)
+    ask = approval_for(policy.approval, policy.operations[0].approval)
+    assert (None if ask is None else (True, ask.expires)) == expected
