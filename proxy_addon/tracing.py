@@ -193,8 +193,7 @@ def _outcome_attributes(outcome: "Handled") -> dict[str, Any]:
     for key in ("operation_id", "state"):
         if note.get(key) is not None:
             attributes[f"receipts.{key}"] = note[key]
-    # `receipts.approval_id`: the approval a write went out under, once writes can wait for one. There are no
-    # approvals yet; the handler's note will carry `approval_id` then, and it is passed on here as it is.
+    # `receipts.approval_id`: the approval a write is held for (the handler's note names it with the 403)
     if note.get("approval_id") is not None:
         attributes["receipts.approval_id"] = note["approval_id"]
     if note.get("fail_open"):
