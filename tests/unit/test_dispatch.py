@@ -118,3 +118,31 @@ def test_the_master_keeps_its_addons() -> None:
         assert isinstance(master.addons, QuickDispatch) and master.addons.chain == before
 
     asyncio.run(go())
+
+
+def test_addons_added_and_removed_later_are_seen() -> None:
+    """The addons with a hook are found once per chain: an addon added or removed after, or a child given to an
+    addon with children (a script loaded), changes what the next event calls."""
+    calls: list[str] = []
+
+    async def go() -> None:
+        master = Master(options.Options())
+        use_quick_dispatch(master)
+        first, parent = Recorder("first", calls), Parent("parent", calls, [])
+        master.addons.add(first, parent)
+        event = HttpRequestHook(tflow.tflow())
+        await master.addons.trigger_event(event)
+        later = Recorder("later", calls)
+        master.addons.add(later)
+        parent.addons.append(Recorder("script", calls))
+        await master.addons.trigger_event(event)
+        master.addons.remove(first)
+        await master.addons.trigger_event(event)
+        master._legacy_log_events.uninstall()
+
+    asyncio.run(go())
+    assert calls == [
+        "first.request", "parent.request",
+        "first.request", "parent.request", "script.request", "later.request",
+        "parent.request", "script.request", "later.request",
+    ]
