@@ -91,6 +91,7 @@ async def _run_proxy(args: argparse.Namespace) -> int:
     from mitmproxy import exceptions, options
     from mitmproxy.tools.dump import DumpMaster
 
+    from proxy_addon.addons.dispatch import use_quick_dispatch
     from proxy_addon.addons.receipts import make_addons
 
     logging.getLogger().setLevel(logging.INFO)  # mitmproxy's own lines ("HTTP(S) proxy listening at ...")
@@ -99,6 +100,7 @@ async def _run_proxy(args: argparse.Namespace) -> int:
     if args.confdir:
         opts.update(confdir=args.confdir)
     master = DumpMaster(opts, with_termlog=True, with_dumper=False)
+    use_quick_dispatch(master)
     master.addons.add(*make_addons())
     try:
         # lazy: with HTTPS, do not open an upstream connection before the request is known

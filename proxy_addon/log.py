@@ -18,7 +18,8 @@ _scrubbing = False
 
 
 def _scrub_event(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    return {k: scrub_text(v) if isinstance(v, str) else v for k, v in event.items()}
+    # `timestamp` is TimeStamper's, set just before (its colons would send every line's through the patterns)
+    return {k: scrub_text(v) if isinstance(v, str) and k != "timestamp" else v for k, v in event.items()}
 
 
 def scrub_standard_logging() -> None:

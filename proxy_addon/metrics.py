@@ -92,8 +92,9 @@ for _d in ("pending", "denied"):
     APPROVALS_AWAITED.labels(_d)
 for _cause in ("died", "unresponsive"):
     WRITER_RESTARTS.labels(_cause)
-for _s in State:  # every series exists from the start, at 0, so rates and alerts need no special case
-    TRANSITIONS.labels(_s.value)
+# Every series exists from the start, at 0, so rates and alerts need no special case. The transitions' are kept:
+# `labels()` takes a lock and checks its values on every call, three times per journaled write.
+_TRANSITIONS_TO = {s.value: TRANSITIONS.labels(s.value) for s in State}
 for _r in RefusalReason:
     DUPLICATES.labels(_r.value)
 for _s in (State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN):
@@ -101,7 +102,9 @@ for _s in (State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTC
 
 
 def transitioned(to_state: State | str) -> None:
-    TRANSITIONS.labels(str(to_state)).inc()
+    key = str(to_state)
+    series = _TRANSITIONS_TO.get(key)
+    (series if series is not None else TRANSITIONS.labels(key)).inc()
 
 
 def duplicate_refused(reason: RefusalReason | str) -> None:

@@ -228,13 +228,7 @@ class JournalClient:
     async def _call(self, request: Record | Advance, give_up: float) -> Reply:
         """`request`'s answer; past `give_up` (time.monotonic()), JournalUnavailableError (not handed over) or
         JournalTimeoutError (handed over, and not answered)."""
-        try:
-            async with asyncio.timeout(give_up - time.monotonic()):
-                stream = await self._connected()
-        except TimeoutError:
-            raise JournalUnavailableError(
-                f"cannot write the journal: the journal writer did not start within proxy.journal_timeout ({self.timeout:g}s)"
-            ) from None
+        stream = await self._stream_by(give_up)
         if stream is not self._stream:  # the writer died between its start and now: nobody would answer
             raise WriterLostError("cannot write the journal: the journal writer stopped as it started")
         answered: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -252,6 +246,19 @@ class JournalClient:
             held.abandoned = True
             raise JournalTimeoutError(
                 f"cannot write the journal: the journal writer did not answer within proxy.journal_timeout ({self.timeout:g}s)"
+            ) from None
+
+    async def _stream_by(self, give_up: float) -> asyncio.StreamWriter:
+        """The running writer's stream at once (the usual case: no timer), else `_connected()` until `give_up`."""
+        stream = self._stream
+        if stream is not None and self._loop is asyncio.get_running_loop():
+            return stream
+        try:
+            async with asyncio.timeout(give_up - time.monotonic()):
+                return await self._connected()
+        except TimeoutError:
+            raise JournalUnavailableError(
+                f"cannot write the journal: the journal writer did not start within proxy.journal_timeout ({self.timeout:g}s)"
             ) from None
 
     def _watch_from(self, link: WriterLink, when: float) -> None:

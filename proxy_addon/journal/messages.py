@@ -8,7 +8,9 @@ end of a socketpair the proxy made and handed to its own child: no other process
 import math
 import pickle
 import struct
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 from proxy_addon.rules.approvals import ApprovalAsk
@@ -18,6 +20,30 @@ _LENGTH = struct.Struct(">I")
 HEADER_SIZE = _LENGTH.size
 
 
+def framed[C: type](cls: C) -> C:
+    """Pickle this slots dataclass as its class and field values. dataclasses' own pickling of a slots class
+    calls `fields()` on every pickle and unpickle (`_dataclass_getstate`, `_dataclass_setstate`): with two
+    messages each way per write, that was 2.5 % of the proxy's CPU under load; this is a third of the cost."""
+    values = _values_of(tuple(f.name for f in fields(cls)))
+
+    def __reduce__(self: Any) -> tuple[Any, tuple[Any, ...]]:
+        return cls, values(self)
+
+    cls.__reduce__ = __reduce__  # type: ignore[assignment,method-assign]
+    return cls
+
+
+def _values_of(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """A function giving these attributes' values as a tuple: `attrgetter`, in C, for two and more."""
+    if len(names) > 1:
+        return attrgetter(*names)
+    if names:
+        one = attrgetter(names[0])
+        return lambda message: (one(message),)
+    return lambda message: ()
+
+
+@framed
 @dataclass(frozen=True, slots=True)
 class Setup:
     """The first frame: what the writer writes to, and how it logs."""
@@ -29,11 +55,13 @@ class Setup:
     journal_timeout: float = 15.0  # proxy.journal_timeout: the writer bounds its database waits below it
 
 
+@framed
 @dataclass(frozen=True, slots=True)
 class Ready:
     """The writer's first frame: it read its setup and is ready to write (its start-up is over)."""
 
 
+@framed
 @dataclass(frozen=True, slots=True)
 class Record:
     """Decide, and record the intent as `submitted` (creation and `planned -> submitted` rows) in one commit.
@@ -47,6 +75,7 @@ class Record:
     approval: ApprovalAsk | None = None  # its rule asks for a person's approval first
 
 
+@framed
 @dataclass(frozen=True, slots=True)
 class Advance:
     """Compare-and-set `expected_from -> to` with column updates and its history row (the verdict)."""
@@ -63,6 +92,7 @@ class Advance:
 Request = Record | Advance
 
 
+@framed
 @dataclass(frozen=True, slots=True)
 class Done:
     """Committed (a Record: recorded as submitted; an Advance: moved), and the receipt's history head now."""
@@ -70,6 +100,7 @@ class Done:
     head: str | None = None
 
 
+@framed
 @dataclass(frozen=True, slots=True)
 class Blocked:
     """A Record refused: this earlier receipt is in the way; nothing was written."""
@@ -77,6 +108,7 @@ class Blocked:
     blocker: Blocker
 
 
+@framed
 @dataclass(frozen=True, slots=True)
 class AwaitingApproval:
     """A Record that needs a person's approval and has none usable: this pending (or denied) approval; no receipt."""

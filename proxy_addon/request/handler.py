@@ -135,19 +135,36 @@ class WriteHandler:
         if facts.client_gone():
             return await self._agent_left(operation_id, head)
 
-        with structlog.contextvars.bound_contextvars(operation_id=operation_id):
-            headers = list(facts.raw_headers)
-            if policy.inject_idempotency_key and agent_key is None:
-                headers.append((policy.idempotency_key_header.encode(), operation_id.encode()))
-            # at debug: the planned->submitted step is in the receipt's history; the verdict line is the canonical one
-            log.debug("receipt_submitted", operation=intent.operation, method=facts.method, host=facts.host)
-            keepalive = policy.upstream_keepalive if policy.upstream_connections == "reuse" else None
-            timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline, keepalive)
-            result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
-            verdict = facts.call.verdict(send_verdict(result, policy, rule), result)  # what its protocol says
-            state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy, head)
-            reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
-            return Handled(reply, {"operation_id": operation_id, "state": state})
+        # structlog's bound_contextvars, without the copy of every context variable it makes to restore this one
+        tokens = structlog.contextvars.bind_contextvars(operation_id=operation_id)
+        try:
+            return await self._send(facts, policy, intent, rule, agent_key, head)
+        finally:
+            structlog.contextvars.reset_contextvars(**tokens)
+
+    async def _send(
+        self,
+        facts: RequestFacts,
+        policy: HostPolicy,
+        intent: Intent,
+        rule: OperationRule | None,
+        agent_key: str | None,
+        head: str | None,
+    ) -> Handled:
+        """2. and 3.: send the journaled request, record its verdict (`head`: its history head), and answer."""
+        operation_id = intent.operation_id
+        headers = list(facts.raw_headers)
+        if policy.inject_idempotency_key and agent_key is None:
+            headers.append((policy.idempotency_key_header.encode(), operation_id.encode()))
+        # at debug: the planned->submitted step is in the receipt's history; the verdict line is the canonical one
+        log.debug("receipt_submitted", operation=intent.operation, method=facts.method, host=facts.host)
+        keepalive = policy.upstream_keepalive if policy.upstream_connections == "reuse" else None
+        timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline, keepalive)
+        result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
+        verdict = facts.call.verdict(send_verdict(result, policy, rule), result)  # what its protocol says
+        state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy, head)
+        reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
+        return Handled(reply, {"operation_id": operation_id, "state": state})
 
     async def _on_journal_thread[T](self, work: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)

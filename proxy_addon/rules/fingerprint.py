@@ -130,6 +130,9 @@ def _number(text: str) -> Decimal:
     return Decimal(text)
 
 
+_JSON = json.JSONDecoder(parse_float=_number)  # once: json.loads builds a decoder per call when given a hook
+
+
 def too_costly(body: bytes) -> str | None:
     """The cheap pre-check (C-speed scans of the bytes): why canonicalising this JSON or form body could
     cost more than a bounded amount of work, or None."""
@@ -146,7 +149,7 @@ def _json_identity(body: bytes, redact_fields: frozenset[str], rule: Fingerprint
     if costly:
         return _unparsed_identity(body, f"JSON body {costly}; fingerprinted as bytes", keyed)
     try:
-        document = json.loads(body, parse_float=_number)
+        document = _JSON.decode(body.decode(json.detect_encoding(body), "surrogatepass"))  # json.loads(body), hook kept
     except _TooComplex as e:
         return _unparsed_identity(body, f"JSON body with {e}; fingerprinted as bytes", keyed)
     except RecursionError:

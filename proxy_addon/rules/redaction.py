@@ -204,8 +204,8 @@ _BYTES_LITERAL = re.compile(r"""\bb(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")""")
 def scrub_text(text: str, extra: frozenset[str] = frozenset()) -> str:
     """Free text (a log line, an error) with URL userinfo, secret query parameters and `Secret-Header: value`
     pairs replaced. A header or field name stays: an error names a header, never its value."""
-    if not text:
-        return text
+    if not text or ("@" not in text and "=" not in text and ":" not in text):
+        return text  # each pattern below needs one of these: most log values (names, ids) have none
     text = _USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
     text = _QUERY_PAIR.sub(
         lambda m: m.group(0) if not is_secret_field(m.group(2), extra) else f"{m.group(1)}{m.group(2)}={REDACTED}",
