@@ -65,6 +65,23 @@ def json_response(document: Any) -> Response:
     return Response(documents.dumps(document), content_type="application/json")
 
 
+def string_fields(
+    body: Any, model: type[BaseModel], invalid: type[ReceiptsError] = BadRequestError
+) -> dict[str, str | None]:
+    """A JSON body's fields as `model` names them, each a string or None (absent): BadRequestError when the body
+    is not an object, `invalid` naming a field the model does not have or one that is not a string."""
+    if not isinstance(body, dict):
+        raise BadRequestError(f"the body must be a JSON object: {{{', '.join(model.model_fields)}}}")
+    unknown = set(body) - set(model.model_fields)
+    if unknown:
+        raise invalid(f"unknown field(s): {', '.join(sorted(unknown))}")
+    fields = {k: body.get(k) for k in model.model_fields}
+    for name, value in fields.items():
+        if value is not None and not isinstance(value, str):
+            raise invalid(f"{name} must be a string")
+    return fields
+
+
 def states_arg(args: MultiDict[str, str], default_state: str | None) -> list[str] | None:
     """`state`: a state, `open` or `unknown`; repeated or comma-separated. None: every state."""
     raw = [p.strip() for v in args.getlist("state") for p in v.split(",") if p.strip()]

@@ -11,7 +11,7 @@ from flask import Response, redirect, render_template, request, url_for
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy_addon.admin.routing import Operation, Param, Routes, admin, json_reply, problem_reply
-from proxy_addon.admin.views import json_response, problem, status_of
+from proxy_addon.admin.views import json_response, problem, status_of, string_fields
 from proxy_addon.exceptions import BadRequestError, NotDecidableError
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import ApprovalState
@@ -97,17 +97,11 @@ def _decide(approval_id: str, decision: str) -> Response:
 
 def decision_fields(body: Any) -> dict[str, str]:
     """The body's `note` and `who`, strings; BadRequestError says in one line what is wrong."""
-    if not isinstance(body, dict):
-        raise BadRequestError("the body must be a JSON object: {note, who}")
-    unknown = set(body) - set(Decision.model_fields)
-    if unknown:
-        raise BadRequestError(f"unknown field(s): {', '.join(sorted(unknown))}")
-    if not isinstance(body.get("note"), str) or not body["note"].strip():
+    fields = string_fields(body, Decision)
+    note = fields["note"]
+    if note is None or not note.strip():
         raise BadRequestError("note is required: a non-empty string saying why")
-    who = body.get("who", "")
-    if not isinstance(who, str):
-        raise BadRequestError("who must be a string")
-    return {"note": body["note"], "who": who}
+    return {"note": note, "who": fields["who"] or ""}
 
 
 # -- the review page's queue -------------------------------------------------------------------------------------

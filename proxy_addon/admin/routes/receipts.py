@@ -6,8 +6,8 @@ from flask import Response, request
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy_addon.admin.routing import Operation, Param, Routes, admin, json_reply, problem_reply
-from proxy_addon.admin.views import LIST_LIMIT, MAX_LIST_LIMIT, json_response, list_filters, problem
-from proxy_addon.exceptions import BadRequestError, InvalidResolutionError
+from proxy_addon.admin.views import LIST_LIMIT, MAX_LIST_LIMIT, json_response, list_filters, problem, string_fields
+from proxy_addon.exceptions import InvalidResolutionError
 from proxy_addon.rules.states import RESOLUTION_STATES
 from proxy_addon.views import documents, review
 from proxy_addon.views.documents import ReceiptView, ShowView
@@ -104,16 +104,7 @@ def proof(operation_id: str) -> Response:
 
 def resolution_fields(body: Any) -> dict[str, str | None]:
     """The body's fields, each a string or None; BadRequestError or InvalidResolutionError say what is wrong."""
-    if not isinstance(body, dict):
-        raise BadRequestError("the body must be a JSON object: {state, note, external_id}")
-    unknown = set(body) - set(Resolution.model_fields)
-    if unknown:
-        raise InvalidResolutionError(f"unknown field(s): {', '.join(sorted(unknown))}")
-    fields = {k: body.get(k) for k in Resolution.model_fields}
-    for name, value in fields.items():
-        if value is not None and not isinstance(value, str):
-            raise InvalidResolutionError(f"{name} must be a string")
-    return fields
+    return string_fields(body, Resolution, InvalidResolutionError)
 
 
 @routes.api("POST", "/receipts/<operation_id>/resolve", Operation(
