@@ -11,7 +11,7 @@ ReceiptRecord the store's reads build.
 """
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, Dialect, Table
@@ -165,11 +165,13 @@ class DriverStatements:
 
     def __init__(self, dialect: Dialect):
         self.name = dialect.name
-        self._dialect = dialect
         self._sql: dict[Any, str] = {}
         self._bind = _bind_processors(dialect)
         self._result = [self._result_of(dialect, name) for name in RECEIPT_FIELDS]
         self._head_result = [self._result_of(dialect, name) for name in HEAD_COLUMNS]
+        self._approval_result = [  # a float needs none (and PostgreSQL's asks for the column's type code)
+            None if name == "expires_seconds" else self._result_of(dialect, name, _APPROVALS) for name in APPROVAL_FIELDS
+        ]
         self._types = {c.name: c.type.compile(dialect=dialect) for c in _RECEIPTS.c} if self.name == "postgresql" else {}
 
     def sql(self, statement: str) -> str:
@@ -222,33 +224,29 @@ class DriverStatements:
 
     def receipt(self, row: tuple[Any, ...]) -> dict[str, Any]:
         """A selected receipt row (RECEIPT_FIELDS order) as the Python values SQLAlchemy would give."""
-        return {
-            name: (convert(value) if convert is not None and value is not None else value)
-            for name, convert, value in zip(RECEIPT_FIELDS, self._result, row, strict=True)
-        }
+        return _converted(RECEIPT_FIELDS, self._result, row)
 
     def approval(self, row: tuple[Any, ...]) -> dict[str, Any]:
         """A selected approval row (APPROVAL_FIELDS order) as the Python values SQLAlchemy would give."""
-        if not hasattr(self, "_approval_result"):
-            self._approval_result = [  # a float needs none (and PostgreSQL's asks for the column's type code)
-                None if name == "expires_seconds" else self._result_of(self._dialect, name, _APPROVALS)
-                for name in APPROVAL_FIELDS
-            ]
-        return {
-            name: (convert(value) if convert is not None and value is not None else value)
-            for name, convert, value in zip(APPROVAL_FIELDS, self._approval_result, row, strict=True)
-        }
+        return _converted(APPROVAL_FIELDS, self._approval_result, row)
 
     def head_row(self, row: tuple[Any, ...]) -> dict[str, Any]:
         """A HEAD_OF row as the Python values SQLAlchemy would give."""
-        return {
-            name: (convert(value) if convert is not None and value is not None else value)
-            for name, convert, value in zip(HEAD_COLUMNS, self._head_result, row, strict=True)
-        }
+        return _converted(HEAD_COLUMNS, self._head_result, row)
 
     @staticmethod
     def _result_of(dialect: Dialect, name: str, table: Table = _RECEIPTS) -> Callable[[Any], Any] | None:
         return table.c[name].type.dialect_impl(dialect).result_processor(dialect, None)
+
+
+def _converted(
+    names: Sequence[str], processors: Sequence[Callable[[Any], Any] | None], row: tuple[Any, ...]
+) -> dict[str, Any]:
+    """A row's values by column name, each through its column's result processor."""
+    return {
+        name: (convert(value) if convert is not None and value is not None else value)
+        for name, convert, value in zip(names, processors, row, strict=True)
+    }
 
 
 def _bind_processors(dialect: Dialect) -> dict[str, Callable[[Any], Any]]:

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from proxy_addon.audit.chain import Identity, genesis, row_hash
+from proxy_addon.audit.chain import Identity, chained, genesis, row_hash
 from proxy_addon.exceptions import IllegalTransitionError, JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal import statements as sql
 from proxy_addon.journal.statements import DriverStatements
@@ -294,6 +294,16 @@ class JournalWrites(ABC):
         found = self._first_receipt(sql.OPEN, decision)
         return None if found is None else Blocker(BlockKind.OPEN, found)
 
+    def _insert_new(self, new: NewReceipt, approval_id: str | None = None) -> str | None:
+        """The receipt and its history rows, statement by statement; its history head, or None when the open-intent
+        index refused the receipt (a concurrent writer's open one: nothing written)."""
+        row, history = _new_rows(new, approval_id)
+        if self._execute(sql.INSERT_RECEIPT, row).rowcount != 1:
+            return None
+        for history_row in history:
+            self._execute(sql.INSERT_TRANSITION, history_row)
+        return str(row["history_head"])
+
     # -- approval first (only for a write whose rule asks for it) -----------------------------------------------
 
     def _record_approved(self, new: NewReceipt) -> Blocker | ApprovalRecord | str | None:
@@ -312,11 +322,9 @@ class JournalWrites(ABC):
         if used is None:
             # none approved, or a concurrent writer (another replica) used it first: its receipt is in the way now
             return self._blocker(decision) or self._ask_approval(new, intent)
-        row, history = _new_rows(new, approval_id=used[0])
-        if self._execute(sql.INSERT_RECEIPT, row).rowcount == 1:
-            for history_row in history:
-                self._execute(sql.INSERT_TRANSITION, history_row)
-            return str(row["history_head"])
+        head = self._insert_new(new, approval_id=used[0])
+        if head is not None:
+            return head
         self._execute(sql.UNUSE_APPROVAL, {"approval_id": used[0]})
         return self._open_receipt(decision)
 
@@ -353,12 +361,8 @@ class SQLiteWrites(JournalWrites):
         blocker = self._blocker(decision)
         if blocker is not None:
             return blocker
-        row, history = _new_rows(new)
-        if self._execute(sql.INSERT_RECEIPT, row).rowcount == 1:
-            for history_row in history:
-                self._execute(sql.INSERT_TRANSITION, history_row)
-            return str(row["history_head"])
-        return self._open_receipt(decision)
+        head = self._insert_new(new)
+        return head if head is not None else self._open_receipt(decision)
 
     def _moved(self, step: Step, head: Head, sent: Sent | None) -> str | None:
         columns, params = _step_params(step, head)
@@ -451,17 +455,16 @@ def _new_rows(new: NewReceipt, approval_id: str | None = None) -> tuple[dict[str
         row.update(state=State.SUBMITTED.value, submitted_at=now)
         step = {"from_state": State.PLANNED.value, "to_state": State.SUBMITTED.value, "detail": {"who": new.submitted_by}}
         history.append({**history[0], **step})
-    row["history_head"] = _chain(intent, now, history)
+    row["history_head"] = _chain(row, history)
     return row, history
 
 
-def _chain(intent: Intent, now: datetime, history: list[dict[str, Any]]) -> str:
+def _chain(row: dict[str, Any], history: list[dict[str, Any]]) -> str:
     """Each of a new receipt's history rows gets its hash, chained from the receipt's identity; the head."""
-    fixed = {name: getattr(intent, name) for name in Identity.__slots__ if name != "created_at"}
-    previous = genesis(Identity(**fixed, created_at=now))
-    for h in history:
-        previous = h["hash"] = row_hash(previous, intent.operation_id, h["from_state"], h["to_state"], now, h["detail"])
-    return previous
+    hashes = chained(genesis(Identity.of(row)), history)
+    for h, digest in zip(history, hashes, strict=True):
+        h["hash"] = digest
+    return hashes[-1]
 
 
 def _step_params(step: Step, head: Head) -> tuple[tuple[str, ...], dict[str, Any]]:
