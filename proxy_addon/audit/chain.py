@@ -106,12 +106,15 @@ def row_hash(
     )
 
 
+def hash_of(row: Mapping[str, Any], previous: str) -> str:
+    """The hash a stored history row (a mapping of the history's columns) should carry after `previous`."""
+    return row_hash(previous, row["operation_id"], row["from_state"], row["to_state"], row["recorded_at"], row["detail"])
+
+
 def chained(previous: str, rows: Iterable[Mapping[str, Any]]) -> list[str]:
     """The hashes `rows` (in order, each with the history columns) should carry, chained from `previous`."""
     out: list[str] = []
     for row in rows:
-        previous = row_hash(
-            previous, row["operation_id"], row["from_state"], row["to_state"], row["recorded_at"], row["detail"]
-        )
+        previous = hash_of(row, previous)
         out.append(previous)
     return out

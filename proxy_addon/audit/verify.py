@@ -20,7 +20,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from proxy_addon.audit.chain import Chain, genesis, row_hash
+from proxy_addon.audit.chain import Chain, genesis, hash_of
 from proxy_addon.audit.checkpoint import checkpoint_problem
 from proxy_addon.rules.records import AuditEventRecord, CheckpointRecord
 
@@ -60,10 +60,6 @@ class Report:
 # -- one chain --------------------------------------------------------------------------------------------------
 
 
-def _hash(row: Mapping[str, Any], previous: str) -> str:
-    return row_hash(previous, row["operation_id"], row["from_state"], row["to_state"], row["recorded_at"], row["detail"])
-
-
 def _named(row: Mapping[str, Any]) -> str:
     return f"row {row['id']} ({row['from_state'] or 'new'} -> {row['to_state']})"
 
@@ -91,7 +87,7 @@ def _walk(chain: Chain, start: str) -> tuple[list[Finding], str]:
         if row["hash"] is None:
             findings.append(Finding("", Tampering.INSERTED, f"{_named(row)} has no hash: it was not written by the journal"))
             continue
-        if _hash(row, previous) != row["hash"]:
+        if hash_of(row, previous) != row["hash"]:
             findings.append(_broken_link(chain, i, start, present))
         previous = row["hash"]
     return findings, previous
@@ -101,12 +97,12 @@ def _broken_link(chain: Chain, i: int, start: str, present: Mapping[str, int]) -
     """Why row i does not chain from the row before it."""
     rows, row = chain.rows, chain.rows[i]
     for candidate, j in [(start, -1), *present.items()]:
-        if j != i - 1 and j != i and _hash(row, candidate) == row["hash"]:
+        if j != i - 1 and j != i and hash_of(row, candidate) == row["hash"]:
             if j > i:
                 return Finding("", Tampering.REORDERED, f"{_named(row)} chains from {_named(rows[j])}, which comes after it")
             before = "the start" if j < 0 else _named(rows[j])
             return Finding("", Tampering.INSERTED, f"rows were inserted between {before} and {_named(row)}")
-    chained_from = i + 1 < len(rows) and rows[i + 1]["hash"] is not None and _hash(rows[i + 1], row["hash"]) == rows[i + 1]["hash"]
+    chained_from = i + 1 < len(rows) and rows[i + 1]["hash"] is not None and hash_of(rows[i + 1], row["hash"]) == rows[i + 1]["hash"]
     if chained_from or (i + 1 == len(rows) and chain.head == row["hash"]):
         expected_from = rows[i - 1]["to_state"] if i > 0 else None
         if row["from_state"] != expected_from:
@@ -123,7 +119,7 @@ def _reordered(rows: Sequence[Mapping[str, Any]], start: str) -> tuple[Finding, 
         return None
     previous, order, left = start, [], list(rows)
     while left:
-        nxt = next((row for row in left if _hash(row, previous) == row["hash"]), None)
+        nxt = next((row for row in left if hash_of(row, previous) == row["hash"]), None)
         if nxt is None:
             return None
         order.append(nxt)
