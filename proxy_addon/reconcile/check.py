@@ -15,12 +15,12 @@ import httpx
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.protocols.routing import call_name, match_rule
 from proxy_addon.reconcile.control_runs import VerifierControls
-from proxy_addon.reconcile.controls import BOTH, READ_RULE_STRATEGIES, RuleTarget
+from proxy_addon.reconcile.controls import BOTH, READ_RULE_STRATEGIES, RuleTarget, is_known_effect
 from proxy_addon.reconcile.strategies import STRATEGIES, Reader, Strategy
 from proxy_addon.reconcile.worker import HostRateLimiter
 from proxy_addon.rules.operations import OperationRule
 from proxy_addon.rules.records import ReceiptRecord
-from proxy_addon.rules.states import ControlKind, State
+from proxy_addon.rules.states import ControlKind
 from proxy_addon.store import ReceiptStore
 from proxy_addon.views.rule_health import RuleHealth, proven
 
@@ -33,20 +33,16 @@ def targets_of(config: ReceiptsConfig, receipts: list[ReceiptRecord]) -> dict[tu
     targets: dict[tuple[str, int, str], RuleTarget] = {}
     for receipt in receipts:
         key = (receipt.host, receipt.port, receipt.operation)
-        if key in targets and _known(targets[key].base):
+        if key in targets and is_known_effect(targets[key].base):
             continue
         policy = config.policy_for(receipt.host, receipt.port)
         matched = match_rule(policy, receipt.method, receipt.path, call_name(receipt.operation))
         if matched is None or matched[0].reconcile is None or matched[0].reconcile.strategy not in READ_RULE_STRATEGIES:
             continue
         op, params = matched
-        if key not in targets or _known(receipt):
+        if key not in targets or is_known_effect(receipt):
             targets[key] = RuleTarget(op, matched[0].reconcile, params, policy, receipt)
     return targets
-
-
-def _known(receipt: ReceiptRecord) -> bool:
-    return receipt.state == State.SUCCEEDED and (receipt.external_id is not None or receipt.method == "DELETE")
 
 
 def unused_rules(config: ReceiptsConfig, checked: list[RuleTarget]) -> list[tuple[str, OperationRule]]:

@@ -13,6 +13,7 @@ from proxy_addon.reconcile.controls import (
     fresh,
     judge_negative,
     judge_positive,
+    known_by_its_id,
     nonce,
     probe_of,
 )
@@ -71,12 +72,11 @@ class VerifierControls:
 
     async def _positive(self, target: RuleTarget) -> ControlRunRecord:
         b = target.base
-        known = await asyncio.to_thread(
-            self.store.controls.known_success, b.host, b.port, b.operation, b.account, b.method != "DELETE"
-        )
+        by_id = known_by_its_id(b.method)
+        known = await asyncio.to_thread(self.store.controls.known_success, b.host, b.port, b.operation, b.account, by_id)
         if known is None:
             at = await asyncio.to_thread(self.now)
-            why = {"reason": f"no succeeded {b.operation} of this account{'' if b.method == 'DELETE' else ' with an external_id'}"}
+            why = {"reason": f"no succeeded {b.operation} of this account{' with an external_id' if by_id else ''}"}
             return target.run(ControlKind.POSITIVE, ControlResult.NO_KNOWN_SUCCESS, at, evidence=why)
         params = _path_params(target.op, known) or target.params
         outcome = await self._read(target, known, params)

@@ -85,12 +85,23 @@ def _set_dotted(document: dict[str, Any], parts: list[str], value: str) -> None:
     node[parts[-1]] = value
 
 
+def known_by_its_id(method: str) -> bool:
+    """Whether a known effect of this method is found by its `external_id` (so one is needed): every write but a
+    DELETE, whose effect is its target gone."""
+    return method != "DELETE"
+
+
+def is_known_effect(receipt: ReceiptRecord) -> bool:
+    """A receipt the positive control can run on: succeeded, with an external_id where its method needs one."""
+    return receipt.state == State.SUCCEEDED and (receipt.external_id is not None or not known_by_its_id(receipt.method))
+
+
 def judge_positive(outcome: ReadOutcome, known: ReceiptRecord, rule: ReconcileRule) -> ControlResult:
     """The rule, run for a known effect, found it, with its id."""
     kind = Found(outcome.kind)
     if kind == Found.FAILED:
         return ControlResult.READ_FAILED
-    if known.method == "DELETE":
+    if not known_by_its_id(known.method):
         return ControlResult.PASSED if kind == Found.ABSENT else ControlResult.FAILED
     if kind == Found.PRESENT and (outcome.external_id == known.external_id or (outcome.external_id is None and rule.id is None)):
         return ControlResult.PASSED
