@@ -135,12 +135,11 @@ def name_write(facts: "RequestFacts", operation: str) -> None:
 
 def write_traceparent() -> str | None:
     """The current write span's context as a W3C `traceparent`, for the verdict row's detail; None outside one."""
-    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-    ctx = trace.get_current_span().get_span_context()
-    if not ctx.is_valid:
-        return None
-    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)  # the current span's; nothing when there is none
+    return carrier.get(TRACEPARENT)
 
 
 def _write_name(facts: "RequestFacts", operation: str | None) -> str:
