@@ -53,7 +53,12 @@ def _config(args: argparse.Namespace) -> ReceiptsConfig:
 
 def _store(args: argparse.Namespace, config: ReceiptsConfig | None = None) -> ReceiptStore:
     config = config or _config(args)
-    engine = make_engine(resolve_database_url(config.database.url))
+    return _store_at(resolve_database_url(config.database.url))
+
+
+def _store_at(url: str) -> ReceiptStore:
+    """The store on this database, once its schema is checked to be migrated."""
+    engine = make_engine(url)
     check_schema(engine)
     return ReceiptStore(engine)
 
@@ -308,11 +313,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def _audited_store(args: argparse.Namespace) -> ReceiptStore:
     """The database `verify` reads: `--database` (an auditor's copy: no config needed), else the config's."""
-    if args.database is None:
-        return _store(args)
-    engine = make_engine(args.database)
-    check_schema(engine)
-    return ReceiptStore(engine)
+    return _store(args) if args.database is None else _store_at(args.database)
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
