@@ -14,7 +14,6 @@ public key as `<signing_key_file>.pub` in PEM: that file is what an auditor is g
 import base64
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -26,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from proxy_addon.audit.chain import PREFIX, VERSION, canonical, timestamp
 from proxy_addon.exceptions import ConfigError
+from proxy_addon.keyfiles import create_once
 
 KIND = "receipts.audit.checkpoint"
 
@@ -110,7 +110,7 @@ def load_or_create_signing_key(path: str | Path) -> Ed25519PrivateKey:
         raise ConfigError(f"audit.signing_key_file {path}: not an Ed25519 key")
     public = Path(f"{path}.pub")
     if not public.exists():
-        _write_new(public, public_key_pem(key.public_key()).encode(), 0o644)
+        create_once(public, public_key_pem(key.public_key()).encode(), 0o644, "audit.signing_key_file")
     return key
 
 
@@ -129,22 +129,4 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
 
 def _create(path: Path, key: Ed25519PrivateKey) -> None:
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    _write_new(path, pem, 0o600)
-
-
-def _write_new(path: Path, content: bytes, mode: int) -> None:
-    """Write beside `path`, then link it into place: whole or not at all, and the first one linked wins."""
-    draft = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
-    try:
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(draft, path)
-    except FileExistsError:
-        pass  # another process made it first: that one stands
-    except OSError as e:
-        raise ConfigError(f"audit.signing_key_file {path}: cannot create it: {e.strerror}") from None
-    finally:
-        draft.unlink(missing_ok=True)
+    create_once(path, pem, 0o600, "audit.signing_key_file")

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from proxy_addon.exceptions import ConfigError
+from proxy_addon.keyfiles import create_once
 from proxy_addon.rules.redaction import counts_for_account
 from proxy_addon.rules.signing import NO_SIGNING, Signing, account_part
 
@@ -25,7 +26,7 @@ def load_or_create_key(path: str | Path) -> bytes:
         return env.encode()
     path = Path(path)
     if not path.exists():
-        _create_key_file(path)
+        create_once(path, os.urandom(32).hex().encode(), 0o600, "secret_file")
     try:
         key = path.read_text().strip()
     except OSError as e:
@@ -33,25 +34,6 @@ def load_or_create_key(path: str | Path) -> bytes:
     if len(key) < 32:
         raise ConfigError(f"secret_file {path}: too short to be a key (want 32+ characters)")
     return key.encode()
-
-
-def _create_key_file(path: Path) -> None:
-    """Write a new key beside `path`, then link it into place: the file appears whole or not at all, so
-    replicas starting together never read a half-written key, and all of them use the one that was linked first."""
-    draft = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
-    try:
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(os.urandom(32).hex())
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(draft, path)
-    except FileExistsError:
-        pass  # another process linked its key first: that one is the key
-    except OSError as e:
-        raise ConfigError(f"secret_file {path}: cannot create it: {e.strerror}") from None
-    finally:
-        draft.unlink(missing_ok=True)
 
 
 class AccountHasher:
