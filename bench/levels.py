@@ -3,6 +3,8 @@
 
 import contextlib
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from session import Row, Session
 from targets import Target
 from usage import PgServerUsage, ProxyLevelUsage, mib, proc_status
 
+VERDICT_WAIT = 30.0  # seconds for the last verdicts of a load to be committed
 LOAD_RESULT_KEYS = ("requests", "ok", "errors", "rps", "p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms", "elapsed_s")
 
 
@@ -184,7 +187,7 @@ class TargetRun:
 
     def verify_level(self, db: Db, concurrency: int, prefix: str) -> Row:
         """Exactly N receipts under the level's prefix, all succeeded, with 3N transitions."""
-        states, transitions = db.states_under(prefix)
+        states, transitions = settled(lambda: db.states_under(prefix), lambda read: read[0])
         expected = self.args.requests
         good = states == {"succeeded": expected} and transitions == 3 * expected
         if not good:
@@ -196,7 +199,7 @@ class TargetRun:
 
     def check_all_receipts(self, db: Db) -> None:
         """Every request this target was sent left one succeeded receipt."""
-        overall = db.states_not_seeded()
+        overall = settled(db.states_not_seeded, lambda states: states)
         self.info["receipts_after"] = overall
         if overall != {"succeeded": self.sent}:
             self.session.failures.append(
@@ -210,6 +213,17 @@ class TargetRun:
 
     def fail(self, what: str) -> None:
         self.session.failures.append(f"{self.target.label} g{self.growth} {what}")
+
+
+def settled[T](read: Callable[[], T], states_of: Callable[[T], dict[str, int]], timeout: float = VERDICT_WAIT) -> T:
+    """`read()` once no receipt in it is `submitted`, or as it is after `timeout`: the proxy answers before it
+    has committed the verdict (proxy_addon/request/handler.py), so the last verdicts of a load land just after it."""
+    deadline = time.monotonic() + timeout
+    value = read()
+    while states_of(value).get("submitted") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        value = read()
+    return value
 
 
 def split(total: int, weights: list[int]) -> list[int]:

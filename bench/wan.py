@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from certs import throwaway_ca
 from databases import Db, migrate, pg_drop, pg_unavailable
+from levels import settled
 from processes import (
     BENCH,
     REPO,
@@ -401,7 +402,7 @@ def check_receipts(run: Run, targets: list[Target]) -> list[Row]:
     for t in targets:
         if t.db is None:
             continue
-        states, transitions = t.db.states_under(f"/wan/{run.run_id}")
+        states, transitions = settled(lambda db=t.db: db.states_under(f"/wan/{run.run_id}"), lambda read: read[0])
         ok = states == {"succeeded": t.sent} and transitions == 3 * t.sent
         checks.append({"target": t.spec, "sent": t.sent, "states": states, "transitions": transitions, "ok": ok})
         if not ok:

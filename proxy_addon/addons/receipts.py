@@ -136,6 +136,7 @@ class Receipts:
 
     async def done(self) -> None:
         if self.handler is not None:
+            await self.handler.drain()  # the verdicts still being committed, before the writer stops
             await self.handler.waiters.aclose()
             await self.handler.sender.aclose()
         if self.journal is not None:

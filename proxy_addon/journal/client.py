@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -215,13 +215,49 @@ class JournalClient:
     ) -> None:
         """`store.receipts.transition`, through the writer: compare-and-set with its history row, one commit
         (journal/writes.py, `advance`). `head`: the history head `record` returned (None: the writer reads it)."""
+        request, give_up = self._advance_request(operation_id, expected_from, to, detail, updates, head)
+        reply = await self._call(request, give_up)
+        _raise_failure(reply, operation_id, expected_from.value)
+        metrics.transitioned(to)
+
+    def advance_now(
+        self,
+        operation_id: str,
+        expected_from: State,
+        to: State,
+        detail: dict[str, Any],
+        updates: dict[str, Any],
+        head: str | None = None,
+    ) -> "Awaitable[None] | None":
+        """`advance`, handed to the running writer before this returns: whatever this client hands over after
+        it, the writer commits after it (one socket, read in order). Its commit is then awaited apart (what it
+        raises is `advance`'s). None, and nothing handed over, when no writer is running now: then `advance`."""
+        stream = self._stream
+        if stream is None or self._loop is not asyncio.get_running_loop():
+            return None
+        request, give_up = self._advance_request(operation_id, expected_from, to, detail, updates, head)
+        held = self._hand_over(stream, request)
+
+        async def committed() -> None:
+            _raise_failure(await self._answer_of(held, give_up), operation_id, expected_from.value)
+            metrics.transitioned(to)
+
+        return committed()
+
+    def _advance_request(
+        self,
+        operation_id: str,
+        expected_from: State,
+        to: State,
+        detail: dict[str, Any],
+        updates: dict[str, Any],
+        head: str | None,
+    ) -> tuple[Advance, float]:
         if not is_allowed(expected_from, to):
             raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
         now = time.monotonic()
         request = Advance(operation_id, expected_from.value, to.value, detail, updates, now + self.timeout * WRITER_SHARE, head)
-        reply = await self._call(request, now + self.timeout * CALLER_SHARE)
-        _raise_failure(reply, operation_id, expected_from.value)
-        metrics.transitioned(to)
+        return request, now + self.timeout * CALLER_SHARE
 
     # -- the writer's life ------------------------------------------------------------------------------------
 
@@ -231,12 +267,20 @@ class JournalClient:
         stream = await self._stream_by(give_up)
         if stream is not self._stream:  # the writer died between its start and now: nobody would answer
             raise WriterLostError("cannot write the journal: the journal writer stopped as it started")
+        return await self._answer_of(self._hand_over(stream, request), give_up)
+
+    def _hand_over(self, stream: asyncio.StreamWriter, request: Record | Advance) -> _Held:
+        """Write `request`'s frame to the running writer's stream; it is held until answered."""
         answered: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         request_id = next(self._ids)
         held = self._pending[request_id] = _Held(request, answered, time.monotonic())
         stream.write(frame(request_id, request))
         if self._watchdog is None and self._link is not None:
             self._watch_from(self._link, held.sent + self.timeout)
+        return held
+
+    async def _answer_of(self, held: _Held, give_up: float) -> Reply:
+        answered = held.answered
         try:
             async with asyncio.timeout(give_up - time.monotonic()):
                 return await asyncio.shield(answered)

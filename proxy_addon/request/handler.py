@@ -7,13 +7,18 @@
    is `wait`, first waits for the original's verdict (request/waiters.py), then is journaled again: it gets what a
    repeat after that verdict gets.
 2. Send it upstream once (request/sender.py) and classify how that ended (rules/verdicts.py).
-3. Record the verdict (through the writer: compare-and-set from `submitted`), then answer: the upstream's answer, or a problem+json
-   of ours, with the receipt's headers.
+3. Hand the verdict to the writer (compare-and-set from `submitted`), then answer at once: the upstream's answer,
+   or a problem+json of ours, with the receipt's headers (`X-Receipt-State`: the verdict's state). The verdict
+   commits while the answer travels. Nothing can slip past it: the receipt stays open (`submitted`) until it
+   commits, and a repeat through this proxy is written by the same writer after it (one socket, in order), so
+   it sees the verdict. If the proxy dies first, the receipt is `submitted` with nobody sending it: recovery
+   makes it `outcome_unknown` and the reconciler settles it. Why not commit first: at concurrency 1 that
+   commit and its hand-offs were most of what a journaled write added to the agent's wait (docs/performance.md).
 """
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -82,6 +87,8 @@ class WriteHandler:
         self.sender, self.executor, self.instance_id = sender, executor, instance_id
         # operation ids this process is working on; its other planned/submitted receipts are orphans
         self.in_flight: set[str] = set()
+        # verdicts being committed after their answers left, by operation id (each stays in in_flight until then)
+        self.recording: dict[str, asyncio.Task[str]] = {}
         self.waiters = VerdictWaiters(lambda ids: self._on_journal_thread(self.store.receipts.states, ids))
 
     async def handle(self, facts: RequestFacts) -> Handled:
@@ -91,8 +98,8 @@ class WriteHandler:
         try:
             outcome = await self._journal_and_send(facts, policy, operation_id)
         finally:
-            self.in_flight.discard(operation_id)
-            self.waiters.settled(operation_id)  # its verdict is recorded (or it never was sent)
+            if operation_id not in self.recording:
+                self._settled(operation_id)
         # the answers the proxy makes, in the request's own protocol (protocols/: MCP, GraphQL, JSON-RPC)
         return outcome if outcome.answer is None else replace(outcome, answer=facts.call.answer(outcome.answer))
 
@@ -165,6 +172,17 @@ class WriteHandler:
         state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy, head)
         reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
         return Handled(reply, {"operation_id": operation_id, "state": state})
+
+    def _settled(self, operation_id: str) -> None:
+        self.in_flight.discard(operation_id)
+        self.waiters.settled(operation_id)  # its verdict is recorded (or it never was sent, or it could not be)
+
+    async def drain(self) -> None:
+        """Wait for the verdicts still being committed after their answers (on shutdown, before the writer
+        stops), proxy.journal_timeout at most: one not written by then is settled by recovery."""
+        pending = list(self.recording.values())
+        if pending:
+            await asyncio.wait(pending, timeout=self.config.proxy.journal_timeout)
 
     async def _on_journal_thread[T](self, work: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
@@ -258,6 +276,26 @@ class WriteHandler:
     async def _record_verdict(
         self, intent: Intent, result: SendResult, verdict: Verdict, policy: HostPolicy, head: str | None
     ) -> str:
+        """Hand the verdict over to be committed after the answer (the module's step 3); the state to answer
+        with. With no writer running to hand it to, it is committed first, as `_advance` does."""
+        operation_id = intent.operation_id
+        detail, updates = self._verdict_rows(result, verdict, policy)
+        handed = self.journal.advance_now(operation_id, State.SUBMITTED, verdict.state, detail, updates, head)
+        if handed is None:
+            return await self._committed(operation_id, verdict, detail, updates, head, None)
+        task = asyncio.get_running_loop().create_task(self._committed(operation_id, verdict, detail, updates, head, handed))
+        self.recording[operation_id] = task
+        task.add_done_callback(lambda done: self._recorded(operation_id, done))
+        return verdict.state.value
+
+    def _recorded(self, operation_id: str, task: "asyncio.Task[str]") -> None:
+        del self.recording[operation_id]
+        self._settled(operation_id)
+        if not task.cancelled() and task.exception() is not None:  # not a journal error: _committed logs those
+            log.error("verdict_not_recorded", operation_id=operation_id, error=repr(task.exception()))
+
+    def _verdict_rows(self, result: SendResult, verdict: Verdict, policy: HostPolicy) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The verdict's history detail and the receipt's columns it sets."""
         updates = dict(verdict.updates)
         if verdict.state == State.SUCCEEDED:
             updates.update(storable_response(result, policy, self.config.proxy.max_stored_response))
@@ -274,11 +312,24 @@ class WriteHandler:
             detail["resent"] = result.resent  # refused unprocessed (HTTP/2), sent again once on a new connection
         if tracing.enabled:
             detail[tracing.TRACEPARENT] = tracing.write_traceparent()  # what a reconcile verdict's span links to
+        return detail, updates
+
+    async def _committed(
+        self,
+        operation_id: str,
+        verdict: Verdict,
+        detail: dict[str, Any],
+        updates: dict[str, Any],
+        head: str | None,
+        handed: Awaitable[None] | None,
+    ) -> str:
+        """The verdict committed (`handed`: its commit through the writer, already handed over); the state
+        that holds."""
         try:
-            await self._advance(intent.operation_id, verdict.state, detail, updates, head)
+            await self._advance(operation_id, verdict.state, detail, updates, head, handed)
         except ReceiptsError as e:
-            # The upstream has answered but we could not write it down: the receipt stays `submitted`,
-            # and crash recovery or the reconciler settles it. The agent is told which state holds.
+            # The upstream has answered but we could not write it down: the receipt stays `submitted`, and
+            # the orphan sweep or crash recovery makes it `outcome_unknown` for the reconciler to settle.
             log.error("verdict_not_recorded", state=verdict.state.value, error=str(e))
             return State.SUBMITTED.value
         log.info(
@@ -290,13 +341,19 @@ class WriteHandler:
         return verdict.state.value
 
     async def _advance(
-        self, operation_id: str, to: State, detail: dict[str, Any], updates: dict[str, Any], head: str | None
+        self,
+        operation_id: str,
+        to: State,
+        detail: dict[str, Any],
+        updates: dict[str, Any],
+        head: str | None,
+        handed: Awaitable[None] | None = None,
     ) -> None:
-        """Through the writer; if it failed or died meanwhile, once more through the store's general path (a
-        writer that committed the verdict before it died leaves the receipt in that state already), which reads
-        the history head itself."""
+        """Through the writer (`handed`: already handed to it); if it failed or died meanwhile, once more
+        through the store's general path (a writer that committed the verdict before it died leaves the receipt
+        in that state already), which reads the history head itself."""
         try:
-            await self.journal.advance(operation_id, State.SUBMITTED, to, detail, updates, head)
+            await (handed or self.journal.advance(operation_id, State.SUBMITTED, to, detail, updates, head))
             return
         except JournalUnavailableError as e:
             log.warning("verdict_through_writer_failed", operation_id=operation_id, error=str(e))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.e2e import settled, settled_history
 from support.proxy import start_inprocess_proxy
 from support.server import free_port
 from support.upstream import start_upstream
@@ -91,9 +92,9 @@ def test_a_person_settles_an_unknown_receipt_in_the_browser(admin_proxy):
                             headers={"Authorization": "Bearer sk_live_browser"})
     assert answer.status_code == 504
     op = answer.headers["X-Receipt-Id"]
-    assert store.receipts.get(op).state == "outcome_unknown"
+    assert settled(store, op).state == "outcome_unknown"
     report = asyncio.run(Reconciler(config, store, worker_id="test-reconciler").run_once())
-    assert report.claimed == 1 and store.receipts.get(op).state == "manual_review"  # no rule names it: a person decides
+    assert report.claimed == 1 and settled(store, op).state == "manual_review"  # no rule names it: a person decides
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
@@ -136,9 +137,9 @@ def test_a_person_settles_an_unknown_receipt_in_the_browser(admin_proxy):
         finally:
             browser.close()
 
-    settled = store.receipts.get(op)
-    assert settled.state == "succeeded" and settled.external_id == "ch_4711"
-    last = store.receipts.history(op)[-1]
+    after = settled(store, op)
+    assert after.state == "succeeded" and after.external_id == "ch_4711"
+    last = settled_history(store, op)[-1]
     assert (last.from_state, last.to_state) == ("manual_review", "succeeded") and last.detail["note"] == NOTE
     assert (ARTIFACTS / "admin.png").stat().st_size > 10_000
 

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import httpx
 import pytest
-from support.e2e import PROBLEM_JSON, open_store, proxy_client, received, tag
+from support.e2e import PROBLEM_JSON, open_store, proxy_client, received, settled, settled_history, tag
 from support.proxy import start_inprocess_proxy
 from support.server import LoopbackServer, free_port
 from support.upstream import start_upstream
@@ -80,9 +80,9 @@ def test_an_agent_cannot_list_or_resolve_anything_on_the_admin_server(env):
         r = client.request(method, f"http://127.0.0.1:{admin_port}/receipts/{op}/resolve",
                            json={"state": "safe_to_retry", "note": "the agent settles its own receipt"})
         problem(r, 403, "forbidden-destination")
-    assert store.receipts.get(op).state == State.OUTCOME_UNKNOWN  # still blocks its retry
+    assert settled(store, op).state == State.OUTCOME_UNKNOWN  # still blocks its retry
     problem(client.post(up.base + path, json={"n": 1}), 409, "duplicate-open")
-    assert [t.to_state for t in store.receipts.history(op)][-1] == State.OUTCOME_UNKNOWN
+    assert [t.to_state for t in settled_history(store, op)][-1] == State.OUTCOME_UNKNOWN
 
 
 def raw(port: int, data: bytes) -> bytes:
@@ -157,7 +157,7 @@ def test_a_gzip_bomb_is_identified_by_its_bytes_not_inflated(env):
     assert len(bomb) < MAX_BODY
     r = client.post(up.base + path, content=bomb, headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
     assert r.status_code == 201, r.text
-    receipt = store.receipts.get(r.headers["X-Receipt-Id"])
+    receipt = settled(store, r.headers["X-Receipt-Id"])
     assert receipt.request_body_size <= MAX_BODY and "fingerprinted as bytes" in (receipt.body_note or "")
 
 
@@ -237,4 +237,4 @@ def test_a_huge_number_holds_nothing_up(env, body):
         server.server_close()
     answer = box["answer"]
     assert answer.status_code == 201, answer.text  # never 503: the journal was never down
-    assert store.receipts.get(answer.headers["X-Receipt-Id"]).state == State.SUCCEEDED
+    assert settled(store, answer.headers["X-Receipt-Id"]).state == State.SUCCEEDED

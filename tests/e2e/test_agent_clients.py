@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.e2e import migrate as migrate_url
-from support.e2e import open_store, self_signed_server_context, tag
+from support.e2e import open_store, self_signed_server_context, settled, tag
 from support.proxy import REPO, start_inprocess_proxy
 from support.upstream import start_upstream
 
@@ -85,7 +85,7 @@ def assert_journaled(world, path: str, output: str) -> None:
     ids = OP_ID.findall(output)
     assert ids, f"no X-Receipt-Id in the client's output: {output!r}"
     with open_store(world["url"]) as store:
-        receipt = store.receipts.get(ids[0])
+        receipt = settled(store, ids[0])
     assert (receipt.method, receipt.path, receipt.state, receipt.status_code) == ("POST", path, "succeeded", 201)
 
 
@@ -122,7 +122,7 @@ def test_the_one_line_check(world):
     out = run(["bash", "-c", check], world["env"])
     assert re.fullmatch(r"x-receipt-id: op_[0-9a-f]{32}\s*", out, re.I), out
     with open_store(world["url"]) as store:
-        receipt = store.receipts.get(OP_ID.search(out).group(0))
+        receipt = settled(store, OP_ID.search(out).group(0))
     assert (receipt.host, receipt.state, receipt.error_code) == ("receipts-check.invalid", "rejected", "not_sent")
     bypassed = subprocess.run(["bash", "-c", check], capture_output=True, text=True, timeout=60, env=world["bare"])
     assert bypassed.stdout == ""

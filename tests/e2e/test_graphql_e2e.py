@@ -21,7 +21,7 @@ from gql import Client, GraphQLRequest, gql
 from gql.transport.exceptions import TransportQueryError
 from gql.transport.httpx import HTTPXAsyncTransport
 from support.asgi import AsgiServer, serve_asgi
-from support.e2e import open_store, proxy_client, tag
+from support.e2e import once_moved_on, open_store, proxy_client, settled, tag
 from support.graphql_server import IssueTracker
 from support.proxy import RunningProxy, start_inprocess_proxy
 from support.shown import ls_table, review_page
@@ -111,7 +111,9 @@ def execute(env: Env, document: str, **variables: Any) -> dict[str, Any]:
 
 
 def receipts_of(env: Env, title: str) -> list[ReceiptRecord]:
-    found = [r for r in env.store.receipts.list(port=env.server.port, limit=None) if title in (r.request_body or b"").decode()]
+    found = once_moved_on(
+        lambda: [r for r in env.store.receipts.list(port=env.server.port, limit=None) if title in (r.request_body or b"").decode()]
+    )
     return sorted(found, key=lambda r: r.created_at)
 
 
@@ -142,7 +144,7 @@ def test_a_mutation_is_journaled_once_whatever_its_layout(env: Env):
     # another document (the title inline, not a variable) is another intent
     other = env.client.post(env.url, json={"query": f'mutation {{ createIssue(title: "{title}") {{ id }} }}'})
     assert "x-receipt-replayed" not in other.headers and env.tracker.ran("createIssue") == before + 2
-    assert env.store.receipts.get(other.headers["x-receipt-id"]).operation == "graphql createIssue"
+    assert settled(env.store, other.headers["x-receipt-id"]).operation == "graphql createIssue"
 
 
 def test_an_unknown_outcome_is_a_graphql_error_naming_the_receipt_and_is_reconciled(env: Env):
@@ -163,9 +165,9 @@ def test_an_unknown_outcome_is_a_graphql_error_naming_the_receipt_and_is_reconci
 
     report = asyncio.run(Reconciler(load_config(env.config), env.store).run_once())
     assert report.claimed >= 1
-    settled = env.store.receipts.get(receipt.operation_id)
+    after = settled(env.store, receipt.operation_id)
     issue = next(i for i in env.tracker.issues if i["title"] == title)
-    assert (settled.state, settled.external_id) == ("succeeded", issue["id"])
+    assert (after.state, after.external_id) == ("succeeded", issue["id"])
 
 
 def test_a_refused_mutation_is_rejected_and_may_be_sent_again(env: Env):

@@ -5,7 +5,7 @@ import re
 
 import pytest
 from support.bodies import binary
-from support.e2e import open_store, proxy_client, received, tag
+from support.e2e import open_store, proxy_client, received, settled, tag
 from support.proxy import start_inprocess_proxy
 from support.upstream import start_upstream
 
@@ -47,7 +47,7 @@ def journaled(env, path: str, **request):
     r = client.post(up.base + path, **request)
     assert r.status_code == 201, r.text
     assert r.headers["X-Receipt-State"] == "succeeded"
-    receipt = store.receipts.get(r.headers["X-Receipt-Id"])
+    receipt = settled(store, r.headers["X-Receipt-Id"])
     assert receipt.state == "succeeded"
     assert FINGERPRINT.match(receipt.intent_fingerprint), receipt.intent_fingerprint
     [seen] = received(up, path)
@@ -125,7 +125,7 @@ def test_large_body_is_capped_in_storage_but_fingerprinted_whole(env):
     assert r.status_code == 201, r.text
     assert r.headers["X-Receipt-Id"] != first.operation_id  # a new intent, not a replay of the first
     assert "X-Receipt-Replayed" not in r.headers
-    second = store.receipts.get(r.headers["X-Receipt-Id"])
+    second = settled(store, r.headers["X-Receipt-Id"])
     assert second.intent_fingerprint != first.intent_fingerprint
     assert second.request_body_size == size
     assert [s.body[-1] for s in received(up, path)] == [0, 1]
@@ -159,7 +159,7 @@ def test_a_small_stored_response_is_replayed(env):
     path = f"/location/{tag()}"
     first = client.post(up.base + path, json={"k": "small"})
     assert first.status_code == 201
-    receipt = store.receipts.get(first.headers["X-Receipt-Id"])
+    receipt = settled(store, first.headers["X-Receipt-Id"])
     assert receipt.response_body_truncated is False
     again = client.post(up.base + path, json={"k": "small"})
     assert again.status_code == 201
@@ -176,7 +176,7 @@ def test_a_response_too_big_to_store_is_refused_not_replayed_truncated(env):
     first = client.post(up.base + path, json=body)
     assert first.status_code == 201
     assert len(first.content) > MAX_STORED_RESPONSE
-    receipt = store.receipts.get(first.headers["X-Receipt-Id"])
+    receipt = settled(store, first.headers["X-Receipt-Id"])
     assert receipt.response_body_truncated is True
     assert len(receipt.response_body or b"") <= MAX_STORED_RESPONSE
     again = client.post(up.base + path, json=body)
@@ -199,7 +199,7 @@ def test_a_compressed_request_body_is_fingerprinted_by_its_content(env):
     headers = {"Content-Type": "application/json"}
     first = client.post(up.base + path, content=gzip.compress(document), headers={**headers, "Content-Encoding": "gzip"})
     assert first.status_code == 201, first.text
-    receipt = store.receipts.get(first.headers["X-Receipt-Id"])
+    receipt = settled(store, first.headers["X-Receipt-Id"])
     assert receipt.request_body == b'{"title":"zipped"}'
     [seen] = received(up, path)
     assert gzip.decompress(seen.body) == document  # the upstream got the compressed bytes it was sent

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.e2e import settled
 from support.proxy import REPO
 from support.reconcile import (
     PAYMENT_RULE,
@@ -52,7 +53,7 @@ def test_committed_then_timed_out_search_finds_it_with_its_id(make_env):
     report = env.reconcile("worker-a")
 
     assert (report.claimed, dict(report.verdicts)) == (1, {"succeeded": 1})
-    receipt = env.store.receipts.get(op)
+    receipt = settled(env.store, op)
     assert (receipt.state, receipt.external_id) == ("succeeded", stored_id)
     assert (receipt.lease_owner, receipt.lease_expires_at) == (None, None)
     assert steps(env.store, op) == [*UNKNOWN_THEN, ("reconciling", "succeeded")]
@@ -85,7 +86,7 @@ def test_cli_reconcile_once_settles_a_timed_out_write(make_env):
 
     assert done.returncode == 0, done.stderr
     assert "reconciled 1: succeeded 1" in done.stdout
-    receipt = env.store.receipts.get(op)
+    receipt = settled(env.store, op)
     assert (receipt.state, receipt.external_id) == ("succeeded", stored_id)
     assert verdict(env.store, op).detail["who"].startswith("worker-")
 
@@ -99,7 +100,7 @@ def test_never_stored_with_retry_safe_is_safe_to_retry_and_a_retry_is_forwarded(
 
     env.reconcile()
 
-    receipt = env.store.receipts.get(op)
+    receipt = settled(env.store, op)
     assert receipt.state == "safe_to_retry" and receipt.completed_at is not None
     d = verdict(env.store, op).detail
     assert (d["result"], d["matched"], d["candidates"]) == ("absent", 0, [])
@@ -124,7 +125,7 @@ def test_never_stored_without_retry_safe_goes_to_a_person_and_a_retry_stays_refu
 
     env.reconcile()
 
-    assert env.store.receipts.get(op).state == "manual_review"
+    assert settled(env.store, op).state == "manual_review"
     d = verdict(env.store, op).detail
     assert d["result"] == "absent" and "manual_review" in d["reason"]
 
@@ -154,8 +155,8 @@ def test_refunds_of_the_same_amount_on_different_charges_are_different_intents(m
 
     (refund_a,) = env.world.refunds_of("ch_A")
     (refund_b,) = env.world.refunds_of("ch_B")
-    assert (env.store.receipts.get(op_a).state, env.store.receipts.get(op_a).external_id) == ("succeeded", refund_a["id"])
-    assert (env.store.receipts.get(op_b).state, env.store.receipts.get(op_b).external_id) == ("succeeded", refund_b["id"])
+    assert (settled(env.store, op_a).state, settled(env.store, op_a).external_id) == ("succeeded", refund_a["id"])
+    assert (settled(env.store, op_b).state, settled(env.store, op_b).external_id) == ("succeeded", refund_b["id"])
     urls = sorted(verdict(env.store, op).detail["reads"][0]["url"] for op in (op_a, op_b))
     assert urls == [f"{env.world.base}/api/refunds?charge=ch_A", f"{env.world.base}/api/refunds?charge=ch_B"]
 
@@ -169,7 +170,7 @@ def test_delete_that_did_not_happen_is_safe_to_retry_when_the_rule_says_so(make_
 
     env.reconcile()
 
-    assert env.store.receipts.get(op).state == "safe_to_retry"
+    assert settled(env.store, op).state == "safe_to_retry"
     env.world.delete_mode = OK
     again = env.client.delete(f"{env.world.base}/api/articles/{survivor}")
     assert again.status_code == 204 and again.headers["X-Receipt-State"] == "succeeded"
@@ -185,7 +186,7 @@ def test_resend_with_key_settles_a_payment_without_a_second_one(make_env):
     env.reconcile()
 
     (payment,) = env.world.payments
-    receipt = env.store.receipts.get(op)
+    receipt = settled(env.store, op)
     assert (receipt.state, receipt.external_id) == ("succeeded", payment["id"])
     sends = env.world.received("POST", "/api/payments")
     assert [s.headers["idempotency-key"] for s in sends] == [op, op]

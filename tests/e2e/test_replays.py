@@ -19,7 +19,7 @@ import httpx
 import pytest
 import requests
 from support.answering import AnsweringUpstream, RawAnswer, raw_exchange
-from support.e2e import open_store, proxy_client, stop_process, tag
+from support.e2e import open_store, proxy_client, settled, stop_process, tag
 from support.proxy import start_inprocess_proxy, start_proxy_process
 
 NODE = shutil.which("node")
@@ -76,7 +76,7 @@ def test_a_replay_is_the_first_answer_byte_for_byte(env, kind):
     assert without(again, "x-receipt-replayed") == without(first, "set-cookie")
     assert first.header("Set-Cookie") is not None and again.header("Set-Cookie") is None
     assert up.count(path) == 1
-    stored = env["store"].receipts.get(first.header("X-Receipt-Id"))
+    stored = settled(env["store"], first.header("X-Receipt-Id"))
     assert b"upstream-cookie-secret" not in json.dumps(stored.response_headers).encode()
 
 
@@ -85,7 +85,7 @@ def test_a_compressed_answer_with_a_secret_field_is_stored_redacted_and_never_re
     path = f"/secret/{tag()}"
     first = client.post(up.base + path, json={"title": path})
     assert first.status_code == 201 and first.json()["token"] == "resp-secret-in-gzip"
-    receipt = store.receipts.get(first.headers["X-Receipt-Id"])
+    receipt = settled(store, first.headers["X-Receipt-Id"])
     stored = receipt.response_body
     plain = gzip.decompress(stored) if stored[:2] == b"\x1f\x8b" else stored  # main kept compressed answers as they came
     assert b"resp-secret-in-gzip" not in plain
@@ -150,7 +150,7 @@ def test_303_see_other_is_a_success_and_its_repeat_is_not_forwarded(env):
     path = f"/see-other/{tag()}"
     first = client.post(up.base + path, json={"title": path})
     assert first.status_code == 303 and first.headers["X-Receipt-State"] == "succeeded", first.text
-    receipt = store.receipts.get(first.headers["X-Receipt-Id"])
+    receipt = settled(store, first.headers["X-Receipt-Id"])
     assert (receipt.state, receipt.status_code, receipt.operation) == ("succeeded", 303, "things.create")
     assert receipt.external_id == first.headers["Location"] and receipt.external_id.startswith("/things/")
     again = client.post(up.base + path, json={"title": path})  # the POST/Redirect/GET retry: the thing exists
@@ -164,7 +164,7 @@ def test_other_3xx_are_rejected_with_their_status(env):
     path = f"/found/{tag()}"
     first = client.post(up.base + path, json={"title": path})
     assert first.status_code == 302 and first.headers["X-Receipt-State"] == "rejected"
-    receipt = store.receipts.get(first.headers["X-Receipt-Id"])
+    receipt = settled(store, first.headers["X-Receipt-Id"])
     assert (receipt.state, receipt.status_code, receipt.error_code) == ("rejected", 302, "upstream_status")
     again = client.post(up.base + path, json={"title": path})  # a rejection blocks nothing
     assert again.status_code == 302 and "X-Receipt-Replayed" not in again.headers

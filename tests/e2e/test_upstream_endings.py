@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from support.answering import AnsweringUpstream
 from support.bodies import binary
-from support.e2e import open_store, proxy_client, tag
+from support.e2e import open_store, proxy_client, settled, settled_history, tag
 from support.h2_upstream import H2Upstream
 from support.proxy import start_inprocess_proxy
 
@@ -69,7 +69,7 @@ def streaming(module_db_url, ups, tmp_path_factory):
 
 
 def receipt_of(env, response):
-    return env["store"].receipts.get(response.headers["X-Receipt-Id"])
+    return settled(env["store"], response.headers["X-Receipt-Id"])
 
 
 def warm(env, up) -> None:
@@ -79,7 +79,7 @@ def warm(env, up) -> None:
 
 
 def on_reused_connection(env, response) -> bool:
-    verdict = env["store"].receipts.history(response.headers["X-Receipt-Id"])[-1]
+    verdict = settled_history(env["store"], response.headers["X-Receipt-Id"])[-1]
     return verdict.detail.get("connection") == "reused"
 
 
@@ -194,7 +194,7 @@ def test_http2_a_refused_stream_is_sent_once_more_and_the_history_says_so(env, u
     path = f"/refuse/{tag()}/x"
     r = env["client"].post(ups["h2"].base + path, json={"x": 1})
     assert r.status_code == 201 and r.headers["X-Receipt-State"] == "succeeded", r.text
-    verdict = env["store"].receipts.history(r.headers["X-Receipt-Id"])[-1]
+    verdict = settled_history(env["store"], r.headers["X-Receipt-Id"])[-1]
     assert verdict.detail["resent"] == "refused_stream"
     assert ups["h2"].count(path) == 1
 

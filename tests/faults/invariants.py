@@ -20,6 +20,7 @@ the test with every violation found.
 """
 
 import json
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from itertools import pairwise
 from typing import Any
 
 from sqlalchemy import select
+from support.e2e import VERDICT_WAIT
 from support.recording_upstream import Reception
 
 from proxy_addon.audit.chain import Chain, Identity
@@ -264,6 +266,17 @@ def chains_broken(journal: Journal) -> list[str]:
     return out
 
 
+def settled_journal(database_url: str, timeout: float = VERDICT_WAIT) -> Journal:
+    """`read_journal` once nothing is left planned or submitted, or as it is after `timeout`: a live proxy
+    commits a verdict while its answer travels, so the last answers of a scenario may be ahead of their verdicts."""
+    deadline = time.monotonic() + timeout
+    journal = read_journal(database_url)
+    while any(r["state"] in UNSETTLED for r in journal.receipts.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        journal = read_journal(database_url)
+    return journal
+
+
 def check_scenario(
     scenario: str,
     database_url: str,
@@ -274,7 +287,7 @@ def check_scenario(
 ) -> Journal:
     """Check the invariants, record the scenario's counts in SUMMARY, and fail with every violation."""
     receptions = list(receptions)
-    journal = read_journal(database_url)
+    journal = settled_journal(database_url)
     found = find_violations(journal, receptions, answered_ids, unjournaled_sends)
     SUMMARY.add(
         ScenarioRow(

@@ -35,7 +35,7 @@ import pytest
 import yaml
 from conftest import IN_CI, migrate
 from sqlalchemy import func, select
-from support.e2e import open_store, proxy_client, stop_process, wait_for
+from support.e2e import open_store, proxy_client, settled, stop_process, wait_for
 from support.proxy import REPO, start_proxy_process
 from support.store import recorded
 from support.upstream import Upstream, start_upstream
@@ -186,7 +186,7 @@ def test_heartbeats_use_database_time(pg, upstream, tmp_path, skew, frozen):
             answer = r.answers[-1]
             assert isinstance(answer, httpx.Response), (n, answer)
             assert answer.status_code == 201 and answer.headers["X-Receipt-State"] == "succeeded", (n, answer.text)
-            receipt = receipt_of(store, markers[n])
+            receipt = settled(store, receipt_of(store, markers[n]).operation_id)
             assert receipt.state == State.SUCCEEDED and receipt.proxy_instance == ids[n]
             assert all(h.detail.get("error") != "proxy_interrupted" for h in store.receipts.history(receipt.operation_id))
         now = db_now(store)

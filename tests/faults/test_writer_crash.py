@@ -80,7 +80,8 @@ def test_journal_writer_killed_under_load_fails_closed_and_loses_nothing(databas
 
     stops = [e for e in log_events(tmp_path / "proxy.log") if e.get("event") == "journal_writer_stopped"]
     assert len(stops) == ROUNDS and all(e["how"] == "killed by SIGKILL" for e in stops), stops
-    assert all(e["unanswered_records"] + e["unanswered_verdicts"] == AGENTS for e in stops), stops
+    # each agent waits on one receipt at most; the verdicts held were answered already (the store wrote them)
+    assert all(e["unanswered_records"] <= AGENTS <= e["unanswered_records"] + e["unanswered_verdicts"] for e in stops), stops
     lost = [s for s in sent if s.problem == "journal-unavailable"]
     assert len(lost) == sum(e["unanswered_records"] for e in stops), (len(lost), stops)
     for s in lost:

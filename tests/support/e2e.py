@@ -16,7 +16,7 @@ import psycopg
 from alembic import command
 
 from proxy_addon.db import alembic_config, make_engine
-from proxy_addon.rules.records import ReceiptRecord
+from proxy_addon.rules.records import ReceiptRecord, TransitionRecord
 from proxy_addon.store import ReceiptStore
 from support.pg import fresh_database, libpq_url
 from support.upstream import Received, Upstream
@@ -61,8 +61,29 @@ def open_store(url: str) -> Iterator[ReceiptStore]:
         engine.dispose()
 
 
-def receipts_for(store: ReceiptStore, path: str) -> list[ReceiptRecord]:
-    return [r for r in store.receipts.list(limit=None) if r.path == path]
+# How long a read waits for a verdict the proxy is still committing: it answers first and commits the verdict
+# while the answer travels (request/handler.py), so right after an answer its receipt may still be `submitted`.
+VERDICT_WAIT = 15.0
+
+
+def settled(store: ReceiptStore, operation_id: str, timeout: float = VERDICT_WAIT) -> ReceiptRecord:
+    """The receipt once it has moved on from `submitted` (its verdict committed), or as it is after `timeout`."""
+    return once_moved_on(lambda: [store.receipts.get(operation_id)], timeout)[0]
+
+
+def receipts_for(store: ReceiptStore, path: str, timeout: float = VERDICT_WAIT) -> list[ReceiptRecord]:
+    """The receipts of requests to `path`, once none is `submitted` any more (or as they are after `timeout`)."""
+    return once_moved_on(lambda: [r for r in store.receipts.list(limit=None) if r.path == path], timeout)
+
+
+def once_moved_on(read: Callable[[], list[ReceiptRecord]], timeout: float = VERDICT_WAIT) -> list[ReceiptRecord]:
+    """What `read` returns once none of it is `submitted` any more (or after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    receipts = read()
+    while any(r.state == "submitted" for r in receipts) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        receipts = read()
+    return receipts
 
 
 def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.1) -> object:
@@ -156,3 +177,9 @@ def failing_receipt_writes(url: str, event: str, when: str | None = None, table:
             if engine.dialect.name != "sqlite":
                 conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {name}()")
         engine.dispose()
+
+
+def settled_history(store: ReceiptStore, operation_id: str) -> list[TransitionRecord]:
+    """The receipt's history once it has moved on from `submitted` (see `settled`)."""
+    settled(store, operation_id)
+    return store.receipts.history(operation_id)

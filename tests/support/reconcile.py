@@ -28,6 +28,7 @@ from proxy_addon.rules.intent import build_intent
 from proxy_addon.rules.records import TransitionRecord, new_operation_id
 from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
+from support.e2e import settled
 from support.proxy import RunningProxy, start_inprocess_proxy
 from support.world import World, start_world
 
@@ -53,7 +54,9 @@ class Env:
         proxy would have recorded it. Returns the receipt's id."""
         if self.client is not None:
             r = self.client.request(method, self.world.base + path, json=document, headers=headers)
-            return outcome_unknown(r)
+            operation_id = outcome_unknown(r)
+            settled(self.store, operation_id)  # its verdict committed: the reconciler may claim it
+            return operation_id
         return self._unknown_without_proxy(method, path, document, headers or {})
 
     def known_success(self, path: str, document: Any, method: str = "POST") -> str:
@@ -62,7 +65,7 @@ class Env:
         if self.client is not None:
             r = self.client.request(method, self.world.base + path, json=document)
             assert r.status_code < 300 and r.headers["X-Receipt-State"] == "succeeded", r.text
-            return r.headers["X-Receipt-Id"]
+            return settled(self.store, r.headers["X-Receipt-Id"]).operation_id
         operation_id, facts, sent, body = self._journaled(method, path, document, {})
         r = httpx.request(method, facts.url, headers=sent, content=body, timeout=10, trust_env=False)
         assert r.status_code < 300, r.text

@@ -4,6 +4,7 @@ path runs in milliseconds against a real SQLite journal."""
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from support.e2e import migrate
 from proxy_addon.addons.receipts import METADATA_KEY, Receipts
 from proxy_addon.exceptions import JournalUnavailableError
 from proxy_addon.journal.client import WriterThread
+from proxy_addon.journal.messages import Advance, Record
+from proxy_addon.journal.writer import JournalWriter
 from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse
 
 
@@ -62,19 +65,22 @@ def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
         addon, sender = Receipts(), FakeSender(*results)
         addon.writer = WriterThread  # the writer's own loop, in a thread: no process to start per test
 
-        def run(flow: Any, *more: Any, together: bool = False) -> Any:
+        def run(flow: Any, *more: Any, together: bool = False, script: Callable[[Receipts], Any] | None = None) -> Any:
             """The flows one after the other (or all at once), on one event loop (so one journal writer); the
-            first returned."""
+            first returned. `script(addon)`, a coroutine function, runs instead of the flows when given."""
 
             async def go() -> None:
                 with taddons.context(addon) as tctx:
                     tctx.configure(addon, receipts_config=str(path), receipts_database_url=url)
                     assert addon.handler is not None
                     addon.handler.sender = sender
-                    if together:
+                    if script is not None:
+                        await script(addon)
+                    elif together:
                         await asyncio.gather(*(addon.request(f) for f in (flow, *more)))
-                    for f in () if together else (flow, *more):
+                    for f in () if together or script else (flow, *more):
                         await addon.request(f)
+                    await addon.handler.drain()  # the verdicts committed after their answers, as on shutdown
 
             asyncio.run(go())
             return flow
@@ -190,6 +196,42 @@ def test_a_repeat_after_success_is_replayed(journal):
     assert len(sender.sent) == 1
 
 
+def test_the_answer_leaves_before_its_verdict_commits_and_a_repeat_after_it_is_replayed(journal, monkeypatch):
+    """The verdict is handed to the writer, then the agent is answered at once; the verdict commits while the
+    answer travels. The receipt stays open until then, and a repeat is written after the verdict (one writer,
+    in order): it gets the replay, not a second send. Shutdown waits for the verdict."""
+    commit_verdicts = threading.Event()
+    run_batch = JournalWriter.run
+
+    def held_verdicts(self: JournalWriter, batch: list) -> list:
+        if any(isinstance(request, Advance) for _, request in batch):
+            commit_verdicts.wait(30)
+        return run_batch(self, batch)
+
+    monkeypatch.setattr(JournalWriter, "run", held_verdicts)
+    run, addon, sender = journal(created())
+    first, again = post(), post()
+
+    async def script(addon: Receipts) -> None:
+        assert addon.handler is not None and addon.store is not None
+        await asyncio.wait_for(addon.request(first), 10)  # answered while its verdict cannot commit
+        op = first.response.headers["X-Receipt-Id"]
+        assert (first.response.status_code, first.response.headers["X-Receipt-State"]) == (201, "succeeded")
+        assert addon.store.receipts.get(op).state == "submitted" and op in addon.handler.in_flight
+        repeat = asyncio.ensure_future(addon.request(again))
+        draining = asyncio.ensure_future(addon.handler.drain())
+        done, _ = await asyncio.wait([draining], timeout=0.2)
+        assert not done  # shutdown waits for the verdict: it cannot have committed
+        commit_verdicts.set()
+        await asyncio.wait_for(asyncio.gather(repeat, draining), 10)
+        assert addon.store.receipts.get(op).state == "succeeded" and op not in addon.handler.in_flight
+
+    run(first, script=script)
+    assert again.response.headers["X-Receipt-Replayed"] == "true"
+    assert again.response.headers["X-Receipt-Id"] == first.response.headers["X-Receipt-Id"]
+    assert len(sender.sent) == 1
+
+
 def test_reads_and_unjournaled_methods_pass_through(journal):
     run, addon, sender = journal()
     flow = run(post(b"", method=b"GET"))
@@ -248,9 +290,10 @@ def test_a_write_the_writer_committed_before_it_died_is_closed_as_not_sent(journ
     batches: list[Any] = []
 
     def commit_then_die(self: JournalWriter, batch: list[Any]) -> Any:
-        batches.append(batch)
+        if any(isinstance(request, Record) for _, request in batch):
+            batches.append(batch)
         replies = commit(self, batch)
-        if len(batches) == 3:  # the warm-up's record and verdict were answered; this record is not
+        if len(batches) == 2:  # the warm-up's record was answered; this record (with its verdict, maybe) is not
             raise SystemExit("the writer died before it answered")
         return replies
 

@@ -104,6 +104,39 @@ def test_a_write_is_recorded_a_repeat_refused_and_a_lost_compare_and_set_reporte
     asyncio.run(go())
 
 
+def test_a_verdict_handed_over_now_is_on_the_socket_before_anything_sent_after_it(url: str) -> None:
+    """advance_now writes its frame before it returns: a record sent after it reaches the writer after it
+    (request/handler.py answers in between, and relies on that order). With no writer running it hands
+    over nothing."""
+    writer = SilentWriter()
+
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error"), lambda: writer)
+        it = intent(proxy_instance="me")
+        assert client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}) is None
+        first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
+        [_setup, (record_id, _)] = await writer.received(2)
+        writer.other.sendall(frame(record_id, Done("sha256:head")))
+        assert await first == "sha256:head"
+        committed = client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head")
+        assert committed is not None
+        later = asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me"))
+        [*_, (advance_id, advance), (later_id, record)] = await writer.received(4)
+        assert (type(advance).__name__, advance.operation_id, advance.to, advance.head) == (
+            "Advance", it.operation_id, "succeeded", "sha256:head"
+        )
+        assert type(record).__name__ == "Record" and later_id > advance_id
+        writer.other.sendall(frame(advance_id, Failed("stale", "moved on", "rejected")))
+        with pytest.raises(StaleStateError) as e:
+            await committed  # what the writer answered, raised as advance() raises it
+        assert e.value.actual == "rejected"
+        writer.other.sendall(frame(later_id, Done("sha256:other")))
+        await later
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
 def test_what_a_dying_writer_held_fails_at_once_and_the_next_write_starts_a_new_one(url: str) -> None:
     writers: list[SilentWriter | WriterThread] = []
 
