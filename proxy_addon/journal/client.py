@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -227,22 +227,31 @@ class JournalClient:
         to: State,
         detail: dict[str, Any],
         updates: dict[str, Any],
-        head: str | None = None,
-    ) -> "Awaitable[None] | None":
+        head: str | None,
+        then: Callable[[ReceiptsError | None], None],
+    ) -> bool:
         """`advance`, handed to the running writer before this returns: whatever this client hands over after
-        it, the writer commits after it (one socket, read in order). Its commit is then awaited apart (what it
-        raises is `advance`'s). None, and nothing handed over, when no writer is running now: then `advance`."""
+        it, the writer commits after it (one socket, read in order). `then(error)` once the writer has answered:
+        None when committed, else what `advance` would have raised (the watchdog bounds the wait: a writer that
+        holds it for proxy.journal_timeout is killed, and that fails it). A callback, not a task: it is on every
+        journaled write's path (docs/performance.md). False, and nothing handed over, when no writer is running
+        now: then `advance`."""
         stream = self._stream
         if stream is None or self._loop is not asyncio.get_running_loop():
-            return None
-        request, give_up = self._advance_request(operation_id, expected_from, to, detail, updates, head)
-        held = self._hand_over(stream, request)
+            return False
+        request, _ = self._advance_request(operation_id, expected_from, to, detail, updates, head)
 
-        async def committed() -> None:
-            _raise_failure(await self._answer_of(held, give_up), operation_id, expected_from.value)
+        def answered(reply: "asyncio.Future[Reply]") -> None:
+            try:
+                _raise_failure(reply.result(), operation_id, expected_from.value)
+            except ReceiptsError as e:
+                then(e)
+                return
             metrics.transitioned(to)
+            then(None)
 
-        return committed()
+        self._hand_over(stream, request).answered.add_done_callback(answered)
+        return True
 
     def _advance_request(
         self,
@@ -445,7 +454,8 @@ class JournalClient:
         error = error or WriterLostError("cannot write the journal: the journal writer was restarted")
         for held in self._pending.values():
             if not held.abandoned and not held.answered.done():
-                held.answered.set_exception(error)
+                with contextlib.suppress(RuntimeError):  # its event loop is closed already (the in-process tests)
+                    held.answered.set_exception(error)
         self._pending.clear()
         if self._watchdog is not None:
             self._watchdog.cancel()

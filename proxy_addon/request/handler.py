@@ -17,8 +17,9 @@
 """
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -87,8 +88,10 @@ class WriteHandler:
         self.sender, self.executor, self.instance_id = sender, executor, instance_id
         # operation ids this process is working on; its other planned/submitted receipts are orphans
         self.in_flight: set[str] = set()
-        # verdicts being committed after their answers left, by operation id (each stays in in_flight until then)
-        self.recording: dict[str, asyncio.Task[str]] = {}
+        # operation ids whose verdicts are being committed after their answers left (each stays in in_flight)
+        self.recording: set[str] = set()
+        self._drained: asyncio.Future[None] | None = None  # drain()'s: set when `recording` empties
+        self._fallbacks: set[asyncio.Task[str]] = set()  # verdicts the writer failed, going through the store
         self.waiters = VerdictWaiters(lambda ids: self._on_journal_thread(self.store.receipts.states, ids))
 
     async def handle(self, facts: RequestFacts) -> Handled:
@@ -180,9 +183,12 @@ class WriteHandler:
     async def drain(self) -> None:
         """Wait for the verdicts still being committed after their answers (on shutdown, before the writer
         stops), proxy.journal_timeout at most: one not written by then is settled by recovery."""
-        pending = list(self.recording.values())
-        if pending:
-            await asyncio.wait(pending, timeout=self.config.proxy.journal_timeout)
+        if not self.recording:
+            return
+        if self._drained is None or self._drained.done():
+            self._drained = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._drained), self.config.proxy.journal_timeout)
 
     async def _on_journal_thread[T](self, work: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
@@ -280,19 +286,33 @@ class WriteHandler:
         with. With no writer running to hand it to, it is committed first, as `_advance` does."""
         operation_id = intent.operation_id
         detail, updates = self._verdict_rows(result, verdict, policy)
-        handed = self.journal.advance_now(operation_id, State.SUBMITTED, verdict.state, detail, updates, head)
-        if handed is None:
-            return await self._committed(operation_id, verdict, detail, updates, head, None)
-        task = asyncio.get_running_loop().create_task(self._committed(operation_id, verdict, detail, updates, head, handed))
-        self.recording[operation_id] = task
-        task.add_done_callback(lambda done: self._recorded(operation_id, done))
+
+        def answered(error: ReceiptsError | None) -> None:
+            if isinstance(error, JournalUnavailableError):  # the writer failed or died: through the store
+                task = asyncio.get_running_loop().create_task(self._committed(operation_id, verdict, detail, updates, head, error))
+                self._fallbacks.add(task)
+                task.add_done_callback(lambda done: self._recorded(operation_id, done))
+                return
+            if error is None:
+                _log_verdict(verdict)
+            else:
+                log.error("verdict_not_recorded", state=verdict.state.value, error=str(error))
+            self._recorded(operation_id)
+
+        if not self.journal.advance_now(operation_id, State.SUBMITTED, verdict.state, detail, updates, head, answered):
+            return await self._committed(operation_id, verdict, detail, updates, head)
+        self.recording.add(operation_id)
         return verdict.state.value
 
-    def _recorded(self, operation_id: str, task: "asyncio.Task[str]") -> None:
-        del self.recording[operation_id]
+    def _recorded(self, operation_id: str, fallback: "asyncio.Task[str] | None" = None) -> None:
+        self.recording.discard(operation_id)
         self._settled(operation_id)
-        if not task.cancelled() and task.exception() is not None:  # not a journal error: _committed logs those
-            log.error("verdict_not_recorded", operation_id=operation_id, error=repr(task.exception()))
+        if not self.recording and self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        if fallback is not None:
+            self._fallbacks.discard(fallback)
+            if not fallback.cancelled() and fallback.exception() is not None:  # not a journal error: logged here
+                log.error("verdict_not_recorded", operation_id=operation_id, error=repr(fallback.exception()))
 
     def _verdict_rows(self, result: SendResult, verdict: Verdict, policy: HostPolicy) -> tuple[dict[str, Any], dict[str, Any]]:
         """The verdict's history detail and the receipt's columns it sets."""
@@ -321,23 +341,17 @@ class WriteHandler:
         detail: dict[str, Any],
         updates: dict[str, Any],
         head: str | None,
-        handed: Awaitable[None] | None,
+        writer_failed: JournalUnavailableError | None = None,
     ) -> str:
-        """The verdict committed (`handed`: its commit through the writer, already handed over); the state
-        that holds."""
+        """The verdict committed, through the writer unless it `writer_failed` already; the state that holds."""
         try:
-            await self._advance(operation_id, verdict.state, detail, updates, head, handed)
+            await self._advance(operation_id, verdict.state, detail, updates, head, writer_failed)
         except ReceiptsError as e:
             # The upstream has answered but we could not write it down: the receipt stays `submitted`, and
             # the orphan sweep or crash recovery makes it `outcome_unknown` for the reconciler to settle.
             log.error("verdict_not_recorded", state=verdict.state.value, error=str(e))
             return State.SUBMITTED.value
-        log.info(
-            "receipt_" + verdict.state.value,
-            status=verdict.status_code,
-            error_code=verdict.error_code,
-            external_id=verdict.external_id,
-        )
+        _log_verdict(verdict)
         return verdict.state.value
 
     async def _advance(
@@ -347,16 +361,18 @@ class WriteHandler:
         detail: dict[str, Any],
         updates: dict[str, Any],
         head: str | None,
-        handed: Awaitable[None] | None = None,
+        writer_failed: JournalUnavailableError | None = None,
     ) -> None:
-        """Through the writer (`handed`: already handed to it); if it failed or died meanwhile, once more
+        """Through the writer (unless it `writer_failed` already); if it failed or died meanwhile, once more
         through the store's general path (a writer that committed the verdict before it died leaves the receipt
         in that state already), which reads the history head itself."""
-        try:
-            await (handed or self.journal.advance(operation_id, State.SUBMITTED, to, detail, updates, head))
-            return
-        except JournalUnavailableError as e:
-            log.warning("verdict_through_writer_failed", operation_id=operation_id, error=str(e))
+        if writer_failed is None:
+            try:
+                await self.journal.advance(operation_id, State.SUBMITTED, to, detail, updates, head)
+                return
+            except JournalUnavailableError as e:
+                writer_failed = e
+        log.warning("verdict_through_writer_failed", operation_id=operation_id, error=str(writer_failed))
 
         def general_path() -> None:
             try:
@@ -366,6 +382,15 @@ class WriteHandler:
                     raise
 
         await self._on_journal_thread(general_path)
+
+
+def _log_verdict(verdict: Verdict) -> None:
+    log.info(
+        "receipt_" + verdict.state.value,
+        status=verdict.status_code,
+        error_code=verdict.error_code,
+        external_id=verdict.external_id,
+    )
 
 
 def _awaiting_approval(e: ApprovalNeededError) -> Handled:

@@ -232,6 +232,26 @@ def test_the_answer_leaves_before_its_verdict_commits_and_a_repeat_after_it_is_r
     assert len(sender.sent) == 1
 
 
+def test_a_verdict_whose_writer_dies_after_the_answer_is_written_through_the_store(journal, monkeypatch):
+    """The answer has left; the writer dies holding its verdict (not committed): the store writes it, and
+    the receipt holds the state the agent was told."""
+    run_batch = JournalWriter.run
+    died: list[Any] = []
+
+    def die_on_the_first_verdict(self: JournalWriter, batch: list[Any]) -> Any:
+        if not died and any(isinstance(request, Advance) for _, request in batch):
+            died.append(batch)
+            raise SystemExit("the writer died before it committed the verdict")
+        return run_batch(self, batch)
+
+    monkeypatch.setattr(JournalWriter, "run", die_on_the_first_verdict)
+    run, addon, sender = journal(created())
+    flow = run(post())
+    assert died and (flow.response.status_code, flow.response.headers["X-Receipt-State"]) == (201, "succeeded")
+    assert states(addon, flow.response.headers["X-Receipt-Id"]) == ["planned", "submitted", "succeeded"]
+    assert addon.handler is not None and not addon.handler.recording and not addon.handler.in_flight
+
+
 def test_reads_and_unjournaled_methods_pass_through(journal):
     run, addon, sender = journal()
     flow = run(post(b"", method=b"GET"))

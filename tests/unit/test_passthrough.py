@@ -67,6 +67,7 @@ def proxy(tmp_path: Path) -> Iterator[Callable[..., Any]]:
                         f.response = tutils.tresp(status_code=status)
                         f.response.stream = False
                     streaming.responseheaders(f)
+                    await journal.handler.drain()  # the verdict committed after its answer, as on shutdown
 
             asyncio.run(go())
             return f
