@@ -1,6 +1,7 @@
 """Fresh, migrated databases for the receipts targets, and the checks of what the proxy wrote into them."""
 
 import contextlib
+import json
 import sqlite3
 import subprocess
 from collections.abc import Iterator
@@ -121,6 +122,17 @@ class Db:
             states = conn.execute(self.with_placeholders(states_sql), (like,)).fetchall()
             transitions = conn.execute(self.with_placeholders(transitions_sql), (like,)).fetchone()[0]
         return {str(k): int(v) for k, v in states}, int(transitions)
+
+    def reused_connection_unknowns_under(self, prefix: str) -> int:
+        """Receipts under `prefix/` that the proxy made outcome_unknown on a reused upstream connection (what
+        `receipts_reused_connection_unknowns_total` counts): their verdict's detail says `connection: reused`."""
+        sql = (
+            "SELECT t.detail FROM receipt_transitions t JOIN receipts r ON r.operation_id = t.operation_id "
+            "WHERE r.path LIKE ? AND t.from_state = 'submitted' AND t.to_state = 'outcome_unknown'"
+        )
+        with self.connect() as conn:
+            details = [row[0] for row in conn.execute(self.with_placeholders(sql), (prefix + "/%",)).fetchall()]
+        return sum(1 for d in details if (json.loads(d) if isinstance(d, str) else d or {}).get("connection") == "reused")
 
     def states_not_seeded(self) -> dict[str, int]:
         sql = "SELECT state, count(*) FROM receipts WHERE path NOT LIKE '/seed/%' GROUP BY state"

@@ -404,7 +404,11 @@ def check_receipts(run: Run, targets: list[Target]) -> list[Row]:
             continue
         states, transitions = settled(lambda db=t.db: db.states_under(f"/wan/{run.run_id}"), lambda read: read[0])
         ok = states == {"succeeded": t.sent} and transitions == 3 * t.sent
-        checks.append({"target": t.spec, "sent": t.sent, "states": states, "transitions": transitions, "ok": ok})
+        reused_unknowns = t.db.reused_connection_unknowns_under(f"/wan/{run.run_id}")
+        checks.append(
+            {"target": t.spec, "sent": t.sent, "states": states, "transitions": transitions, "ok": ok,
+             "reused_connection_unknowns": reused_unknowns}
+        )
         if not ok:
             run.failures.append(f"{t.spec}: {t.sent} writes sent, receipts {states}, {transitions} transitions")
     return checks
@@ -547,6 +551,10 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {st['step']} | {st['bytes'] or ''} | {fmt(st['arrived_ms'])} | {fmt(st['delivered_ms'])} |")
     if doc["receipts"]:
         lines += ["", "Receipts: " + "; ".join(f"{c['target']} {c['states']} of {c['sent']} sent" for c in doc["receipts"])]
+        lines += [
+            "Outcome unknown on a reused upstream connection (`receipts_reused_connection_unknowns_total`): "
+            + "; ".join(f"{c['target']} {c['reused_connection_unknowns']}" for c in doc["receipts"])
+        ]
     if doc["failures"]:
         lines += ["", "FAILURES:", *(f"- {f}" for f in doc["failures"])]
     return "\n".join(lines) + "\n"
