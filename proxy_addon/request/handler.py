@@ -19,7 +19,7 @@
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -289,7 +289,8 @@ class WriteHandler:
 
         def answered(error: ReceiptsError | None) -> None:
             if isinstance(error, JournalUnavailableError):  # the writer failed or died: through the store
-                task = asyncio.get_running_loop().create_task(self._committed(operation_id, verdict, detail, updates, head, error))
+                through_store = self._advance(operation_id, verdict.state, detail, updates, head, error)
+                task = asyncio.get_running_loop().create_task(self._committed(verdict, through_store))
                 self._fallbacks.add(task)
                 task.add_done_callback(lambda done: self._recorded(operation_id, done))
                 return
@@ -300,7 +301,7 @@ class WriteHandler:
             self._recorded(operation_id)
 
         if not self.journal.advance_now(operation_id, State.SUBMITTED, verdict.state, detail, updates, head, answered):
-            return await self._committed(operation_id, verdict, detail, updates, head)
+            return await self._committed(verdict, self._advance(operation_id, verdict.state, detail, updates, head))
         self.recording.add(operation_id)
         return verdict.state.value
 
@@ -334,18 +335,10 @@ class WriteHandler:
             detail[tracing.TRACEPARENT] = tracing.write_traceparent()  # what a reconcile verdict's span links to
         return detail, updates
 
-    async def _committed(
-        self,
-        operation_id: str,
-        verdict: Verdict,
-        detail: dict[str, Any],
-        updates: dict[str, Any],
-        head: str | None,
-        writer_failed: JournalUnavailableError | None = None,
-    ) -> str:
-        """The verdict committed, through the writer unless it `writer_failed` already; the state that holds."""
+    async def _committed(self, verdict: Verdict, advancing: Awaitable[None]) -> str:
+        """The verdict committed by `advancing` (an `_advance`), logged; the state that holds."""
         try:
-            await self._advance(operation_id, verdict.state, detail, updates, head, writer_failed)
+            await advancing
         except ReceiptsError as e:
             # The upstream has answered but we could not write it down: the receipt stays `submitted`, and
             # the orphan sweep or crash recovery makes it `outcome_unknown` for the reconciler to settle.
