@@ -104,5 +104,8 @@ def test_wan_smoke(tmp_path: Path) -> None:
     for t in doc["timelines"]:
         assert t["steps"] and any(s["step"].startswith("u2c") for s in t["steps"]), t
     # every write journaled once and succeeded: 2 protocols x 2 levels x (5 measured + 2 warm-up)
-    assert doc["receipts"] == [{"target": "sqlite", "sent": 28, "states": {"succeeded": 28}, "transitions": 84, "ok": True}]
+    assert doc["receipts"] == [
+        {"target": "sqlite", "sent": 28, "states": {"succeeded": 28}, "transitions": 84, "ok": True, "reused_connection_unknowns": 0}
+    ]
+    assert "Outcome unknown on a reused upstream connection (`receipts_reused_connection_unknowns_total`): sqlite 0" in done.stdout
     assert "| h1 | 1 | sqlite |" in done.stdout and "added p50 RTT" in done.stdout
