@@ -206,7 +206,7 @@ def test_sigkill_mid_request_is_recovered_as_outcome_unknown(db_url, upstream, t
         thread.start()
         assert wait_for(lambda: upstream.count("POST", path) == 1, 10), "the upstream never received the write"
         with open_store(db_url) as store:
-            [receipt] = receipts_for(store, path)
+            [receipt] = receipts_for(store, path, timeout=0)  # held upstream: still in flight
         assert receipt.state == "submitted"
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
