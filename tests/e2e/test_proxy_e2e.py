@@ -25,6 +25,7 @@ from support.e2e import (
     receipts_for,
     received,
     settled,
+    settled_history,
     stop_process,
     tag,
     wait_for,
@@ -110,8 +111,7 @@ def problem(response: httpx.Response, status: int, kind: str) -> dict:
 
 
 def history(store: ReceiptStore, operation_id: str) -> list[tuple[str | None, str]]:
-    settled(store, operation_id)
-    return [(t.from_state, t.to_state) for t in store.receipts.history(operation_id)]
+    return [(t.from_state, t.to_state) for t in settled_history(store, operation_id)]
 
 
 # -- what the upstream said -------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ the test with every violation found.
 """
 
 import json
-import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from itertools import pairwise
 from typing import Any
 
 from sqlalchemy import select
-from support.e2e import VERDICT_WAIT
+from support.e2e import VERDICT_WAIT, read_until
 from support.recording_upstream import Reception
 
 from proxy_addon.audit.chain import Chain, Identity
@@ -269,12 +268,12 @@ def chains_broken(journal: Journal) -> list[str]:
 def settled_journal(database_url: str, timeout: float = VERDICT_WAIT) -> Journal:
     """`read_journal` once nothing is left planned or submitted, or as it is after `timeout`: a live proxy
     commits a verdict while its answer travels, so the last answers of a scenario may be ahead of their verdicts."""
-    deadline = time.monotonic() + timeout
-    journal = read_journal(database_url)
-    while any(r["state"] in UNSETTLED for r in journal.receipts.values()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-        journal = read_journal(database_url)
-    return journal
+    return read_until(
+        lambda: read_journal(database_url),
+        lambda journal: all(r["state"] not in UNSETTLED for r in journal.receipts.values()),
+        timeout,
+        interval=0.05,
+    )
 
 
 def check_scenario(

@@ -78,12 +78,17 @@ def receipts_for(store: ReceiptStore, path: str, timeout: float = VERDICT_WAIT) 
 
 def once_moved_on(read: Callable[[], list[ReceiptRecord]], timeout: float = VERDICT_WAIT) -> list[ReceiptRecord]:
     """What `read` returns once none of it is `submitted` any more (or after `timeout`)."""
+    return read_until(read, lambda receipts: all(r.state != "submitted" for r in receipts), timeout)
+
+
+def read_until[T](read: Callable[[], T], done: Callable[[T], bool], timeout: float, interval: float = 0.01) -> T:
+    """`read()` again until `done` says so of what it read, bounded in time; the last read."""
     deadline = time.monotonic() + timeout
-    receipts = read()
-    while any(r.state == "submitted" for r in receipts) and time.monotonic() < deadline:
-        time.sleep(0.01)
-        receipts = read()
-    return receipts
+    value = read()
+    while not done(value) and time.monotonic() < deadline:
+        time.sleep(interval)
+        value = read()
+    return value
 
 
 def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.1) -> object:
