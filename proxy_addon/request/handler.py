@@ -294,10 +294,7 @@ class WriteHandler:
                 self._fallbacks.add(task)
                 task.add_done_callback(lambda done: self._recorded(operation_id, done))
                 return
-            if error is None:
-                _log_verdict(verdict)
-            else:
-                log.error("verdict_not_recorded", state=verdict.state.value, error=str(error))
+            _verdict_written(verdict, error)
             self._recorded(operation_id)
 
         if not self.journal.advance_now(operation_id, State.SUBMITTED, verdict.state, detail, updates, head, answered):
@@ -340,12 +337,8 @@ class WriteHandler:
         try:
             await advancing
         except ReceiptsError as e:
-            # The upstream has answered but we could not write it down: the receipt stays `submitted`, and
-            # the orphan sweep or crash recovery makes it `outcome_unknown` for the reconciler to settle.
-            log.error("verdict_not_recorded", state=verdict.state.value, error=str(e))
-            return State.SUBMITTED.value
-        _log_verdict(verdict)
-        return verdict.state.value
+            return _verdict_written(verdict, e)
+        return _verdict_written(verdict, None)
 
     async def _advance(
         self,
@@ -377,13 +370,20 @@ class WriteHandler:
         await self._on_journal_thread(general_path)
 
 
-def _log_verdict(verdict: Verdict) -> None:
+def _verdict_written(verdict: Verdict, error: ReceiptsError | None) -> str:
+    """Log how writing the verdict ended (`error`: it could not be); the state that holds."""
+    if error is not None:
+        # The upstream has answered but we could not write it down: the receipt stays `submitted`, and
+        # the orphan sweep or crash recovery makes it `outcome_unknown` for the reconciler to settle.
+        log.error("verdict_not_recorded", state=verdict.state.value, error=str(error))
+        return State.SUBMITTED.value
     log.info(
         "receipt_" + verdict.state.value,
         status=verdict.status_code,
         error_code=verdict.error_code,
         external_id=verdict.external_id,
     )
+    return verdict.state.value
 
 
 def _awaiting_approval(e: ApprovalNeededError) -> Handled:
