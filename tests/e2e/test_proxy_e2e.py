@@ -35,6 +35,7 @@ from support.proxy import RunningProxy, start_inprocess_proxy, start_proxy_proce
 from support.server import free_port
 from support.upstream import Upstream, start_upstream
 
+from proxy_addon.journal.messages import Record
 from proxy_addon.store import ReceiptStore
 
 OUTCOME_UNKNOWN_TYPE = "outcome-unknown"
@@ -457,7 +458,9 @@ def test_a_journal_writer_killed_while_it_holds_a_write_fails_it_closed_and_is_r
     try:
         sending = threading.Thread(target=lambda: answers.append(env.client.post(env.at("main", path), json={"x": 1})))
         sending.start()
-        assert wait_for(lambda: bool(journal._pending), timeout=15), "the write never reached the writer"
+        # its receipt, not the warm-up's verdict (committed after its answer, so perhaps still held)
+        held = wait_for(lambda: any(isinstance(h.request, Record) for h in journal._pending.values()), timeout=15)
+        assert held, "the write never reached the writer"
     finally:
         os.kill(pid, signal.SIGKILL)
     sending.join(timeout=30)
