@@ -143,6 +143,9 @@ class ProxySettings(StrictModel):
     instance_dead_after: Duration = 15.0
     database_threads: int = Field(default=8, ge=1, le=64)  # the store's reads and general writes, off the event loop
     pass_model_apis: bool = True  # well-known model API hosts pass through unless their entry says journal: true
+    # a succeeded or outcome_unknown verdict commits while its answer travels (request/handler.py); false: every
+    # verdict commits before its answer
+    answer_first: bool = True
 
     @field_validator("methods")
     @classmethod

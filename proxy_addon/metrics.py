@@ -48,6 +48,16 @@ JOURNAL_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
     registry=REGISTRY,
 )
+VERDICT_SECONDS = Histogram(
+    "receipts_verdict_seconds",
+    "Time from a sent write's verdict handed to the journal writer to its commit, by when the answer left: "
+    "`after` the commit (the agent waited for it) or `before` it (answer first: how long the journal lagged "
+    "behind what the agent was told, the receipt open meanwhile).",
+    ["answer"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    registry=REGISTRY,
+)
+_VERDICT_ANSWERED = {True: VERDICT_SECONDS.labels("before"), False: VERDICT_SECONDS.labels("after")}
 REUSED_CONNECTION_UNKNOWNS = Counter(
     "receipts_reused_connection_unknowns",
     "Journaled writes sent on a reused HTTP/1.1 connection that ended with no byte of an answer (outcome_unknown): "
@@ -117,6 +127,10 @@ def reconcile_verdict(state: State | str) -> None:
 
 def journaled(seconds: float) -> None:
     JOURNAL_SECONDS.observe(seconds)
+
+
+def verdict_committed(seconds: float, answered_first: bool) -> None:
+    _VERDICT_ANSWERED[answered_first].observe(seconds)
 
 
 def reused_connection_unknown() -> None:

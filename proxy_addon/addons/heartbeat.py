@@ -1,6 +1,7 @@
 """Addon: this proxy instance's registration, heartbeat and recovery (recovery.py does the work)."""
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from proxy_addon.addons.state import ReceiptsState
 from proxy_addon.exceptions import JournalUnavailableError
@@ -11,33 +12,36 @@ log = get_logger("receipts.recovery")
 
 
 class Heartbeat:
-    """Addon: registers this proxy instance, heartbeats, recovers dead instances' receipts and its own orphans."""
+    """Addon: registers this proxy instance, heartbeats, recovers dead instances' receipts and its own orphans.
+
+    On a thread of its own, not the database threads the requests share: a stall that fills those (verdicts
+    handed over again, slow reads) must not delay the heartbeat until a replica takes this live proxy for dead."""
 
     def __init__(self, journal: ReceiptsState):
         self.journal = journal
         self.liveness: InstanceLiveness | None = None
+        self.executor: ThreadPoolExecutor | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def running(self) -> None:
         j = self.journal
-        if j.config is None or j.store is None or j.executor is None or j.handler is None:
+        if j.config is None or j.store is None or j.handler is None:
             return
-        handler = j.handler
         p = j.config.proxy
-        self.liveness = InstanceLiveness(
-            j.store, j.instance_id, p.heartbeat_interval, p.instance_dead_after, in_flight=lambda: frozenset(handler.in_flight)
-        )
+        self.liveness = InstanceLiveness(j.store, j.instance_id, p.heartbeat_interval, p.instance_dead_after, in_flight=j.in_flight)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="receipts-heartbeat")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(j.executor, self.liveness.register)
-        await loop.run_in_executor(j.executor, self.liveness.sweep)
-        self._task = asyncio.create_task(self.liveness.run(j.executor))
+        await loop.run_in_executor(self.executor, self.liveness.register)
+        await loop.run_in_executor(self.executor, self.liveness.sweep)
+        self._task = asyncio.create_task(self.liveness.run(self.executor))
         log.info("proxy_started", instance=j.instance_id)
 
     async def done(self) -> None:
         if self._task is not None:
             self._task.cancel()
-        if self.liveness is not None and self.journal.executor is not None:
+        if self.liveness is not None and self.executor is not None:
             try:
-                await asyncio.get_running_loop().run_in_executor(self.journal.executor, self.liveness.stop)
+                await asyncio.get_running_loop().run_in_executor(self.executor, self.liveness.stop)
             except JournalUnavailableError as e:
                 log.error("instance_stop_not_recorded", error=str(e))
+            self.executor.shutdown(wait=False)

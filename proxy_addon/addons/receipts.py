@@ -10,6 +10,7 @@ not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyRec
 they share of this addon's state is the `ReceiptsState` protocol (state.py).
 """
 
+import asyncio
 import os
 import sys
 from collections.abc import Callable
@@ -63,6 +64,8 @@ class Receipts:
         self.instance_id = new_instance_id()
         self._active: tuple[str, str] | None = None  # (receipts_config, receipts_database_url) set up
         self._failure: str | None = None
+        # handlers replaced by a runtime change of the options, still finishing their requests and verdicts
+        self._retired: set[WriteHandler] = set()
 
     def load(self, loader: Any) -> None:
         scrub_standard_logging()  # mitmproxy's own lines too (a bad request line quotes the URL's userinfo)
@@ -115,12 +118,10 @@ class Receipts:
         except ReceiptsError:
             engine.dispose()
             raise
-        if self.store is not None:
-            self.store.engine.dispose()
-        if self.journal is not None:
-            self.journal.close()
         if self.handler is not None:
-            self.handler.sender.close()
+            self._retire(self.handler)
+        elif self.journal is not None:
+            self.journal.close()
         self.config, self.store = config, ReceiptStore(engine)
         setup = Setup(url, log_level=config.logging.level, log_format=config.logging.format, journal_timeout=config.proxy.journal_timeout)
         self.journal = JournalClient(setup, self.writer)
@@ -130,16 +131,46 @@ class Receipts:
             config, self.store, self.journal, AccountHasher(key), _sender(), self.executor, self.instance_id
         )
 
+    def _retire(self, handler: WriteHandler) -> None:
+        """A runtime change of the options replaced this handler: its requests and their verdicts still finish
+        on its journal (they count as in flight for the orphan sweep meanwhile), which then stops. Without a
+        running event loop (nothing can be in flight), at once."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            handler.journal.close()
+            handler.sender.close()
+            handler.store.engine.dispose()
+            return
+        self._retired.add(handler)
+        loop.create_task(self._finish(handler)).add_done_callback(lambda _: self._retired.discard(handler))
+
+    @staticmethod
+    async def _finish(handler: WriteHandler) -> None:
+        """Wait for the handler's requests (still at their upstreams) and their verdicts, then close its parts."""
+        await handler.idle()
+        await handler.drain()  # the verdicts still being committed, before the writer stops
+        await handler.waiters.aclose()
+        await handler.sender.aclose()
+        await handler.journal.aclose()
+        handler.store.engine.dispose()
+
+    def in_flight(self) -> frozenset[str]:
+        """The operation ids this process is working on, the retired handlers' included (the orphan sweep's)."""
+        handlers = [*self._retired, *([self.handler] if self.handler is not None else [])]
+        return frozenset().union(*(h.in_flight for h in handlers))
+
     def running(self) -> None:
         if self.journal is not None:
             self.journal.start_soon()
 
     async def done(self) -> None:
-        if self.handler is not None:
-            await self.handler.drain()  # the verdicts still being committed, before the writer stops
-            await self.handler.waiters.aclose()
-            await self.handler.sender.aclose()
-        if self.journal is not None:
+        for handler in [*self._retired, *([self.handler] if self.handler is not None else [])]:
+            await handler.drain()  # the verdicts still being committed, before the writer stops
+            await handler.waiters.aclose()
+            await handler.sender.aclose()
+            await handler.journal.aclose()
+        if self.handler is None and self.journal is not None:
             await self.journal.aclose()
         tracing.shut_down()  # the spans still queued are exported before the process ends
 

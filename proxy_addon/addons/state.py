@@ -27,6 +27,10 @@ class ReceiptsState(Protocol):
     @property
     def instance_id(self) -> str: ...
 
+    def in_flight(self) -> frozenset[str]:
+        """The operation ids this process is working on (the orphan sweep leaves them alone)."""
+        ...
+
     def journals(self, flow: http.HTTPFlow) -> bool:
         """Whether this flow is journaled (read whole, journaled, sent by the handler), not passed through."""
         ...

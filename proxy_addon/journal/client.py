@@ -3,11 +3,13 @@
 Calls are made on the proxy's event loop: a request is a frame written to the socket, its answer a future the
 reader task resolves. No thread hand-off, no database work in the proxy's process.
 
-The writer's death is the journal's failure. Every request it had not answered fails at once with
+The writer's death is the journal's failure. Every record it had not answered fails at once with
 WriterLostError (the proxy answers 503 and sends nothing upstream; whether the writer committed it before it
-died is not known, request/handler.py closes such a receipt itself). The next request starts a new writer; one that
-keeps dying before it answered anything is started again only after a growing pause, during which writes fail
-closed at once.
+died is not known, request/handler.py closes such a receipt itself). A verdict handed over with `advance_now` is
+not failed: it is kept, a new writer is started for it at once, and it goes first on the new writer's socket,
+before any record, so that a repeat journaled after it still sees it. The next request starts a new writer too;
+one that keeps dying before it answered anything is started again only after a growing pause, during which
+records fail closed at once (verdicts wait for it).
 
 No request waits longer than proxy.journal_timeout: then it fails (JournalTimeoutError: 503, not sent), and
 the writer, which checks each request's deadline before it writes and before it commits, does not write it
@@ -76,6 +78,7 @@ MAX_PAUSE = 5.0  # seconds between the starts of a writer that keeps dying befor
 WRITER_SHARE = 0.8
 CALLER_SHARE = 0.9
 WRITER_START_TIMEOUT = 30.0  # seconds: a writer not ready by then is killed (its start-up is ~1 s of CPU)
+VERDICT_RESTART_PAUSE = 0.25  # seconds between the starts of a writer for kept verdicts while none will start
 
 
 class WriterLink(Protocol):
@@ -122,6 +125,7 @@ class WriterProcess:
         self.process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5)
+        self.sock.close()
 
 
 class WriterThread:
@@ -153,6 +157,7 @@ class _Held:
     answered: "asyncio.Future[Reply]"
     sent: float  # time.monotonic()
     abandoned: bool = False  # its caller's time ran out: its answer, if it comes, is nobody's
+    kept: bool = False  # a verdict of advance_now: handed to the next writer if this one is lost
 
 
 class JournalClient:
@@ -173,6 +178,9 @@ class JournalClient:
         self._paused_until = 0.0
         self._reader: asyncio.Task[None] | None = None
         self._connecting: asyncio.Task[asyncio.StreamWriter] | None = None
+        self._unsent: list[_Held] = []  # kept verdicts waiting for a writer: the first frames of the next one
+        self._restarting: asyncio.Task[None] | None = None
+        self.closed = False
         metrics.WRITER_PENDING.set_function(lambda: len(self._pending))
 
     def start_soon(self) -> None:
@@ -229,19 +237,20 @@ class JournalClient:
         updates: dict[str, Any],
         head: str | None,
         then: Callable[[ReceiptsError | None], None],
-    ) -> bool:
-        """`advance`, handed to the running writer before this returns: whatever this client hands over after
-        it, the writer commits after it (one socket, read in order). `then(error)` once the writer has answered:
-        None when committed, else what `advance` would have raised (the watchdog bounds the wait: a writer that
-        holds it for proxy.journal_timeout is killed, and that fails it). A callback, not a task: it is on every
-        journaled write's path (docs/performance.md). False, and nothing handed over, when no writer is running
-        now: then `advance`."""
-        stream = self._stream
-        if stream is None or self._loop is not asyncio.get_running_loop():
-            return False
-        request, _ = self._advance_request(operation_id, expected_from, to, detail, updates, head)
+        answered: bool = False,
+    ) -> None:
+        """`advance`, handed over before this returns: whatever this client hands over after it, the writer
+        commits after it (one socket, read in order). With no writer running, or if the writer is lost before
+        it answers, it is kept and is the first thing the next writer is handed (one is started for it at
+        once), so the order holds across restarts. `then(error)` once the writer has answered: None when
+        committed, else what `advance` would have raised (JournalUnavailableError: the journal could not write
+        it; the caller may hand it over again). A callback, not a task: it is on every journaled write's path
+        (docs/performance.md). `answered`: its agent was given this verdict (messages.Advance)."""
+        request, _ = self._advance_request(operation_id, expected_from, to, detail, updates, head, answered)
+        loop = asyncio.get_running_loop()
+        held = _Held(request, loop.create_future(), time.monotonic(), kept=True)
 
-        def answered(reply: "asyncio.Future[Reply]") -> None:
+        def replied(reply: "asyncio.Future[Reply]") -> None:
             try:
                 _raise_failure(reply.result(), operation_id, expected_from.value)
             except ReceiptsError as e:
@@ -250,8 +259,16 @@ class JournalClient:
             metrics.transitioned(to)
             then(None)
 
-        self._hand_over(stream, request).answered.add_done_callback(answered)
-        return True
+        held.answered.add_done_callback(replied)
+        if self.closed:
+            held.answered.set_exception(WriterLostError("cannot write the journal: the journal writer was stopped"))
+            return
+        stream = self._stream
+        if stream is not None and self._loop is loop:
+            self._send(stream, held)
+        else:
+            self._unsent.append(held)
+            self._restart_for_verdicts()
 
     def _advance_request(
         self,
@@ -261,12 +278,12 @@ class JournalClient:
         detail: dict[str, Any],
         updates: dict[str, Any],
         head: str | None,
+        answered: bool = False,
     ) -> tuple[Advance, float]:
         if not is_allowed(expected_from, to):
             raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
-        now = time.monotonic()
-        request = Advance(operation_id, expected_from.value, to.value, detail, updates, now + self.timeout * WRITER_SHARE, head)
-        return request, now + self.timeout * CALLER_SHARE
+        request = Advance(operation_id, expected_from.value, to.value, detail, updates, head, answered)
+        return request, time.monotonic() + self.timeout * CALLER_SHARE
 
     # -- the writer's life ------------------------------------------------------------------------------------
 
@@ -276,17 +293,34 @@ class JournalClient:
         stream = await self._stream_by(give_up)
         if stream is not self._stream:  # the writer died between its start and now: nobody would answer
             raise WriterLostError("cannot write the journal: the journal writer stopped as it started")
-        return await self._answer_of(self._hand_over(stream, request), give_up)
+        held = _Held(request, asyncio.get_running_loop().create_future(), time.monotonic())
+        self._send(stream, held)
+        return await self._answer_of(held, give_up)
 
-    def _hand_over(self, stream: asyncio.StreamWriter, request: Record | Advance) -> _Held:
-        """Write `request`'s frame to the running writer's stream; it is held until answered."""
-        answered: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+    def _send(self, stream: asyncio.StreamWriter, held: _Held) -> None:
+        """Write the held request's frame to the running writer's stream; it is pending until answered."""
         request_id = next(self._ids)
-        held = self._pending[request_id] = _Held(request, answered, time.monotonic())
-        stream.write(frame(request_id, request))
+        held.sent = time.monotonic()
+        self._pending[request_id] = held
+        stream.write(frame(request_id, held.request))
         if self._watchdog is None and self._link is not None:
             self._watch_from(self._link, held.sent + self.timeout)
-        return held
+
+    def _restart_for_verdicts(self) -> None:
+        """Start a writer for the kept verdicts now, rather than with the next record: again after each pause
+        while the writer keeps failing, until they are handed over or the client is closed."""
+        if self._restarting is not None and not self._restarting.done():
+            return
+        self._restarting = asyncio.get_running_loop().create_task(self._hand_over_unsent())
+        self._restarting.add_done_callback(_retrieve)
+
+    async def _hand_over_unsent(self) -> None:
+        while self._unsent and not self.closed:
+            try:
+                await self._connected()  # _open hands them over first
+            except JournalUnavailableError as e:
+                log.warning("verdicts_wait_for_journal_writer", verdicts=len(self._unsent), error=str(e))
+                await asyncio.sleep(max(self._paused_until - time.monotonic(), VERDICT_RESTART_PAUSE))
 
     async def _answer_of(self, held: _Held, give_up: float) -> Reply:
         answered = held.answered
@@ -361,7 +395,7 @@ class JournalClient:
             if self._connecting is not None:
                 return await asyncio.shield(self._connecting)
         if self._link is not None:  # started on another event loop (the in-process tests run one per request)
-            self._end(self._link)
+            self._end(self._link, keep_verdicts=True)
         if time.monotonic() < self._paused_until:
             raise JournalUnavailableError(
                 f"cannot write the journal: the journal writer keeps stopping; next start in {self._paused_until - time.monotonic():.1f}s"
@@ -380,7 +414,7 @@ class JournalClient:
         except OSError as e:
             if link is self._link:
                 self._connecting = None
-                self._end(link)
+                self._end(link, keep_verdicts=True)
             raise WriterLostError(f"cannot write the journal: cannot reach the journal writer ({e})") from e
         stream.write(frame(0, self.setup))
         if link is not self._link:
@@ -399,6 +433,9 @@ class JournalClient:
         if link is not self._link:
             stream.close()
             raise WriterLostError("cannot write the journal: the journal writer was restarted")
+        unsent, self._unsent = self._unsent, []
+        for held in unsent:  # the kept verdicts first: anything handed over from now on is written after them
+            self._send(stream, held)
         self._stream, self._connecting = stream, None
         return stream
 
@@ -445,18 +482,35 @@ class JournalClient:
             "journal_writer_stopped",
             how=how,
             unanswered_records=records,  # answered 503, not sent
-            unanswered_verdicts=len(self._pending) - records,  # written through the store instead
+            unanswered_verdicts=len(self._pending) - records,  # handed to the next writer first
             restart_in_seconds=pause,
         )
-        self._end(link, WriterLostError(f"cannot write the journal: the journal writer stopped ({how})"))
+        self._end(link, WriterLostError(f"cannot write the journal: the journal writer stopped ({how})"), keep_verdicts=True)
+        if self._unsent:
+            self._restart_for_verdicts()
 
-    def _end(self, link: WriterLink, error: JournalUnavailableError | None = None) -> None:
+    def _end(self, link: WriterLink, error: JournalUnavailableError | None = None, keep_verdicts: bool = False) -> None:
+        """`_detach`, then the writer stopped: killed if it held a record, which it must not commit after its
+        caller was failed (a receipt for a write answered 503 and never sent would block the retry it invites)."""
+        _stop_link(link, self._detach(link, error, keep_verdicts))
+
+    def _detach(self, link: WriterLink, error: JournalUnavailableError | None, keep_verdicts: bool) -> bool:
+        """Fail what the writer held (its kept verdicts wait for the next one when `keep_verdicts`) and let go of
+        it, on the event loop; whether it held a record."""
         error = error or WriterLostError("cannot write the journal: the journal writer was restarted")
+        held_record = False
         for held in self._pending.values():
-            if not held.abandoned and not held.answered.done():
-                with contextlib.suppress(RuntimeError):  # its event loop is closed already (the in-process tests)
-                    held.answered.set_exception(error)
+            if held.abandoned or held.answered.done():
+                continue
+            held_record = held_record or isinstance(held.request, Record)
+            if keep_verdicts and held.kept and not held.answered.get_loop().is_closed():
+                self._unsent.append(held)
+                continue
+            with contextlib.suppress(RuntimeError):  # its event loop is closed already (the in-process tests)
+                held.answered.set_exception(error)
         self._pending.clear()
+        if not keep_verdicts:
+            self._fail_unsent(error)
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
@@ -468,15 +522,42 @@ class JournalClient:
             with contextlib.suppress(RuntimeError):  # its event loop is closed already (the in-process tests)
                 self._stream.close()
         self._link = self._stream = self._loop = self._connecting = self._ready = None
-        link.stop()
+        return held_record
+
+    def _fail_unsent(self, error: JournalUnavailableError) -> None:
+        unsent, self._unsent = self._unsent, []
+        for held in unsent:
+            if not held.answered.done():
+                with contextlib.suppress(RuntimeError):
+                    held.answered.set_exception(error)
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self.close)
+        """`close`, with the futures failed on this event loop (their callbacks are the handler's) and only the
+        wait for the writer's exit on a thread."""
+        self.closed = True
+        error = WriterLostError("cannot write the journal: the journal writer was stopped")
+        link = self._link
+        if link is None:
+            self._fail_unsent(error)
+            return
+        held_record = self._detach(link, error, keep_verdicts=False)
+        await asyncio.to_thread(_stop_link, link, held_record)
 
     def close(self) -> None:
-        """Stop the writer (it finishes what it holds, then exits); what it has not answered fails as not written."""
+        """Stop the writer (it finishes the verdicts it holds, then exits; killed if it holds a record); what it
+        has not answered fails as not written. From the event loop's thread, or once that loop has stopped."""
+        self.closed = True
         if self._link is not None:
             self._end(self._link, WriterLostError("cannot write the journal: the journal writer was stopped"))
+        else:
+            self._fail_unsent(WriterLostError("cannot write the journal: the journal writer was stopped"))
+
+
+def _stop_link(link: WriterLink, held_record: bool) -> None:
+    if held_record:
+        link.kill()
+    else:
+        link.stop()
 
 
 def _retrieve(task: "asyncio.Task[Any]") -> None:

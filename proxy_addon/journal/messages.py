@@ -78,15 +78,18 @@ class Record:
 @framed
 @dataclass(frozen=True, slots=True)
 class Advance:
-    """Compare-and-set `expected_from -> to` with column updates and its history row (the verdict)."""
+    """Compare-and-set `expected_from -> to` with column updates and its history row (the verdict). Never
+    expired by the writer: a verdict is a fact (the upstream answered), and its agent may have been told it.
+    `answered`: the agent was given this verdict; if a recovery that took its proxy for dead guessed
+    `outcome_unknown` first, the verdict replaces the guess (writer.py)."""
 
     operation_id: str
     expected_from: str
     to: str
     detail: dict[str, Any]
     updates: dict[str, Any]
-    deadline: float = math.inf
     head: str | None = None  # the receipt's history head as its record left it (None: the writer reads it)
+    answered: bool = False
 
 
 Request = Record | Advance

@@ -10,15 +10,21 @@ SQLite, one WAL flush on PostgreSQL), commits, and only then answers them. If th
 it committed: each request then runs alone in a transaction of its own, so that one bad request fails alone
 and the others are still written.
 
-Nothing stale: each request carries the moment past which its proxy no longer waits for it (its
-journal_timeout). One that is past it is not written, and a batch is not committed once one of its requests is
+Nothing stale: each record carries the moment past which its proxy no longer waits for it (its
+journal_timeout). One that is past it is not written, and a batch is not committed once one of its records is
 past it; the proxy answers such a write 503 and sends nothing. (A writer that stops answering is killed by its
-proxy anyway: client.py.)
+proxy anyway: client.py.) A verdict (an Advance) has no such moment and is never expired: it is what the
+upstream answered, and its agent may have been told it already (request/handler.py, answer first).
+
+Orphaned (its proxy died): what it holds of records is dropped, since nobody will send what they record, and
+the verdicts are still committed, since the upstream did answer them. A verdict whose receipt a recovery made
+`outcome_unknown` first (it took the proxy for dead: `proxy_interrupted`) replaces that guess (`_applied`).
 
     python -m proxy_addon.journal.writer --fd N    (the proxy runs this; the first frame says which database)
 """
 
 import argparse
+import math
 import os
 import socket
 import sys
@@ -44,6 +50,7 @@ from proxy_addon.journal.messages import (
 from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
 from proxy_addon.log import DeferredLogger
 from proxy_addon.rules.records import ApprovalRecord
+from proxy_addon.rules.states import State, is_allowed
 
 log = DeferredLogger("receipts.journal_writer")  # structlog loaded at the first line, if any: see log.py
 RECEIVE_SIZE = 1 << 18
@@ -52,7 +59,11 @@ EXPIRED = f"cannot write the journal: {TOO_LATE}"
 
 
 class ExpiredError(Exception):
-    """A request of the batch is past its deadline: nobody waits for its answer any more."""
+    """A record of the batch is past its deadline: nobody waits for its answer any more."""
+
+
+class OrphanedError(Exception):
+    """The proxy died while the batch ran: its records are not to be committed (nobody will send them)."""
 
 
 class JournalWriter:
@@ -64,39 +75,50 @@ class JournalWriter:
     def serve(self, sock: socket.socket, buffer: bytearray, requests: list[tuple[int, Any]]) -> None:
         """Answer `requests`, then what comes, until the proxy closes its end (it stopped, or died)."""
         chunk = memoryview(bytearray(RECEIVE_SIZE))
+        listening = True
         while True:
             for start in range(0, len(requests), self.max_batch):
                 replies = self.run(requests[start : start + self.max_batch])
-                sock.sendall(b"".join(frame(request_id, reply) for request_id, reply in replies))
+                if listening:
+                    try:
+                        sock.sendall(b"".join(frame(request_id, reply) for request_id, reply in replies))
+                    except OSError:  # the proxy is gone: what it sent before it died is still committed
+                        listening = False
             if not _receive(sock, buffer, chunk):
                 return
             requests = split_frames(buffer)
 
     def run(self, batch: list[tuple[int, Any]]) -> list[tuple[int, Reply]]:
         """Every request of `batch` in one transaction, answered after its COMMIT; alone each if that fails.
-        Those past their deadline are answered as not written, and are not."""
+        Records past their deadline are answered as not written, and are not; an orphan writes no record."""
+        if self._orphaned():
+            batch = [(request_id, request) for request_id, request in batch if isinstance(request, Advance)]
+            if not batch:
+                return []
         now = time.monotonic()
-        late = [(request_id, Failed("unavailable", EXPIRED)) for request_id, request in batch if request.deadline <= now]
+        late = [(request_id, Failed("unavailable", EXPIRED)) for request_id, request in batch if _expired(request, now)]
         if late:
-            live = [(request_id, request) for request_id, request in batch if request.deadline > now]
+            live = [(request_id, request) for request_id, request in batch if not _expired(request, now)]
             log.warning("journal_writes_expired", requests=len(late))
             return late + (self.run(live) if live else [])
-        deadline = min(request.deadline for _, request in batch)  # no wait of the batch lasts past it
+        deadline = min((r.deadline for _, r in batch if isinstance(r, Record)), default=math.inf)  # no wait lasts past it
         try:
             alone = len(batch) == 1 and _one_statement(batch[0][1])
             with self.connection.transaction(alone=alone, within=deadline - now) as conn:
-                self._exit_if_orphaned()
+                self._check_orphaned(batch)
                 journal = JournalWrites.on(OnDriver(conn), self.connection.statements)
                 writes = [_write_of(request) for _, request in batch]
                 sent = journal.pipelined(writes)
                 replies = [
-                    (request_id, _apply(journal, write, first))
-                    for (request_id, _), write, first in zip(batch, writes, sent, strict=True)
+                    (request_id, _applied(journal, write, first, request))
+                    for (request_id, request), write, first in zip(batch, writes, sent, strict=True)
                 ]
-                self._exit_if_orphaned()
+                self._check_orphaned(batch)
                 if conn.autocommit is not True and time.monotonic() >= deadline:
                     raise ExpiredError(TOO_LATE)  # not committed: each runs alone again, and the late one is refused
                 return replies
+        except OrphanedError:
+            return self.run(batch)  # its verdicts alone
         except Exception as e:  # noqa: BLE001 - nothing of the batch committed: say why, to each or one by one
             reason = _one_line(e)
             if len(batch) == 1 or not self.connection.usable or _waited_too_long(e):
@@ -104,10 +126,13 @@ class JournalWriter:
                 return [(request_id, Failed("unavailable", f"cannot write the journal: {reason}")) for request_id, _ in batch]
             return [reply for item in batch for reply in self.run([item])]
 
-    def _exit_if_orphaned(self) -> None:
-        """The proxy died: nobody will send what this batch records, so write none of it (not yet committed)."""
-        if os.getppid() != self.proxy_pid:
-            raise SystemExit(0)
+    def _orphaned(self) -> bool:
+        return os.getppid() != self.proxy_pid
+
+    def _check_orphaned(self, batch: list[tuple[int, Any]]) -> None:
+        """The proxy died: nobody will send what this batch records, so none of its records is committed."""
+        if self._orphaned() and any(isinstance(request, Record) for _, request in batch):
+            raise OrphanedError
 
     def close(self) -> None:
         self.connection.close()
@@ -123,6 +148,28 @@ def _write_of(request: Record | Advance) -> NewReceipt | Step:
     if isinstance(request, Record):
         return NewReceipt(request.intent, request.successes_block_for, request.who, approval=request.approval)
     return Step(request.operation_id, request.expected_from, request.to, request.detail, request.updates, head=request.head)
+
+
+def _expired(request: Record | Advance, now: float) -> bool:
+    return isinstance(request, Record) and request.deadline <= now
+
+
+def _applied(journal: JournalWrites, write: NewReceipt | Step, sent: Any, request: Record | Advance) -> Reply:
+    """`_apply`; and a verdict its agent was given, found `outcome_unknown` by a recovery's guess (its proxy
+    seemed dead before the verdict committed: a SIGSTOPped or orphaned writer), replaces the guess: the
+    upstream's answer is the fact, and the journal must not contradict what the agent was told."""
+    reply = _apply(journal, write, sent)
+    if not (isinstance(request, Advance) and request.answered and isinstance(reply, Failed) and reply.actual == State.OUTCOME_UNKNOWN.value):
+        return reply
+    if request.to == State.OUTCOME_UNKNOWN.value:
+        return Done()  # the guess is what the agent was told
+    if not is_allowed(State.OUTCOME_UNKNOWN, State(request.to)) or not isinstance(write, Step):
+        return reply  # a rejection, which commits before its answer: its agent was told nothing yet
+
+    detail = {**write.detail, "replaces": "recovery's outcome_unknown: this verdict, the upstream's answer, committed late"}
+    updates = {"error_code": None, "error_message": None, **write.updates}  # the guess's error is not the verdict's
+    correction = Step(write.operation_id, State.OUTCOME_UNKNOWN.value, write.to, detail, updates)
+    return _apply(journal, correction, None)
 
 
 def _apply(journal: JournalWrites, write: NewReceipt | Step, sent: Any) -> Reply:

@@ -7,19 +7,17 @@
    is `wait`, first waits for the original's verdict (request/waiters.py), then is journaled again: it gets what a
    repeat after that verdict gets.
 2. Send it upstream once (request/sender.py) and classify how that ended (rules/verdicts.py).
-3. Hand the verdict to the writer (compare-and-set from `submitted`), then answer at once: the upstream's answer,
-   or a problem+json of ours, with the receipt's headers (`X-Receipt-State`: the verdict's state). The verdict
-   commits while the answer travels. Nothing can slip past it: the receipt stays open (`submitted`) until it
-   commits, and a repeat through this proxy is written by the same writer after it (one socket, in order), so
-   it sees the verdict. If the proxy dies first, the receipt is `submitted` with nobody sending it: recovery
-   makes it `outcome_unknown` and the reconciler settles it. Why not commit first: at concurrency 1 that
-   commit and its hand-offs were most of what a journaled write added to the agent's wait (docs/performance.md).
+3. Hand the verdict to the writer (compare-and-set from `submitted`) and answer: the upstream's answer, or a
+   problem+json of ours, with the receipt's headers (`X-Receipt-State`: the verdict's state). A `succeeded` or
+   `outcome_unknown` verdict commits while the answer travels (answer first), every other one before it
+   (request/recording.py says why each is safe). Why answer first: at concurrency 1 that commit and its
+   hand-offs were most of what a journaled write added to the agent's wait (docs/performance.md). Once the
+   request was sent, nothing that fails can make the answer "not sent": it is `outcome_unknown` at worst.
 """
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -42,6 +40,7 @@ from proxy_addon.log import get_logger
 from proxy_addon.request import answers
 from proxy_addon.request.answers import Answer
 from proxy_addon.request.facts import RequestFacts
+from proxy_addon.request.recording import VerdictRecorder
 from proxy_addon.request.sender import Sender, SendResult, Timeouts
 from proxy_addon.request.waiters import VerdictWaiters
 from proxy_addon.rules import duplicates
@@ -88,10 +87,9 @@ class WriteHandler:
         self.sender, self.executor, self.instance_id = sender, executor, instance_id
         # operation ids this process is working on; its other planned/submitted receipts are orphans
         self.in_flight: set[str] = set()
-        # operation ids whose verdicts are being committed after their answers left (each stays in in_flight)
-        self.recording: set[str] = set()
-        self._drained: asyncio.Future[None] | None = None  # drain()'s: set when `recording` empties
-        self._fallbacks: set[asyncio.Task[str]] = set()  # verdicts the writer failed, going through the store
+        # the verdicts being committed (each receipt stays in in_flight until its verdict is written)
+        self._idle: asyncio.Event | None = None  # idle()'s: set when in_flight empties
+        self.verdicts = VerdictRecorder(journal, config.proxy.answer_first, config.proxy.journal_timeout, self._settled)
         self.waiters = VerdictWaiters(lambda ids: self._on_journal_thread(self.store.receipts.states, ids))
 
     async def handle(self, facts: RequestFacts) -> Handled:
@@ -101,7 +99,7 @@ class WriteHandler:
         try:
             outcome = await self._journal_and_send(facts, policy, operation_id)
         finally:
-            if operation_id not in self.recording:
+            if operation_id not in self.verdicts.recording:
                 self._settled(operation_id)
         # the answers the proxy makes, in the request's own protocol (protocols/: MCP, GraphQL, JSON-RPC)
         return outcome if outcome.answer is None else replace(outcome, answer=facts.call.answer(outcome.answer))
@@ -171,24 +169,41 @@ class WriteHandler:
         keepalive = policy.upstream_keepalive if policy.upstream_connections == "reuse" else None
         timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline, keepalive)
         result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
-        verdict = facts.call.verdict(send_verdict(result, policy, rule), result)  # what its protocol says
-        state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy, head)
-        reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
+        try:
+            verdict = facts.call.verdict(send_verdict(result, policy, rule), result)  # what its protocol says
+            state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy, head)
+            reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
+        except Exception as e:  # sent, so never the addon's fail-closed "not sent" 503: outcome_unknown
+            log.exception("verdict_failed_after_send", error=repr(e))
+            return await self._unknown_after_send(operation_id, head, e)
+        return Handled(reply, {"operation_id": operation_id, "state": state})
+
+    async def _unknown_after_send(self, operation_id: str, head: str | None, error: Exception) -> Handled:
+        """The proxy failed between the send and the answer: the upstream may have acted, and the agent is told
+        so (504 outcome-unknown), as the journal is, unless a verdict was handed over already."""
+        why = f"the proxy failed after the request was sent ({type(error).__name__})"
+        state = State.OUTCOME_UNKNOWN.value
+        if operation_id not in self.verdicts.recording:
+            unknown = Verdict(State.OUTCOME_UNKNOWN, {"error_code": "proxy_error", "error_message": why}, {"who": self.instance_id, "error": "proxy_error"})
+            state = await self.verdicts.record(operation_id, unknown, unknown.detail, unknown.updates, head)
+        reply = answers.with_receipt(answers.outcome_unknown(operation_id, why[0].upper() + why[1:], None), operation_id, state)
         return Handled(reply, {"operation_id": operation_id, "state": state})
 
     def _settled(self, operation_id: str) -> None:
         self.in_flight.discard(operation_id)
         self.waiters.settled(operation_id)  # its verdict is recorded (or it never was sent, or it could not be)
+        if not self.in_flight and self._idle is not None:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        """Return once no request is in flight (a handler replaced at run time finishes its own first)."""
+        while self.in_flight:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
 
     async def drain(self) -> None:
-        """Wait for the verdicts still being committed after their answers (on shutdown, before the writer
-        stops), proxy.journal_timeout at most: one not written by then is settled by recovery."""
-        if not self.recording:
-            return
-        if self._drained is None or self._drained.done():
-            self._drained = asyncio.get_running_loop().create_future()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._drained), self.config.proxy.journal_timeout)
+        """Wait for the verdicts still being committed (shutdown): request/recording.py."""
+        await self.verdicts.drain()
 
     async def _on_journal_thread[T](self, work: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
@@ -282,35 +297,9 @@ class WriteHandler:
     async def _record_verdict(
         self, intent: Intent, result: SendResult, verdict: Verdict, policy: HostPolicy, head: str | None
     ) -> str:
-        """Hand the verdict over to be committed after the answer (the module's step 3); the state to answer
-        with. With no writer running to hand it to, it is committed first, as `_advance` does."""
-        operation_id = intent.operation_id
+        """Hand the verdict over (request/recording.py); the state to answer with."""
         detail, updates = self._verdict_rows(result, verdict, policy)
-
-        def answered(error: ReceiptsError | None) -> None:
-            if isinstance(error, JournalUnavailableError):  # the writer failed or died: through the store
-                through_store = self._advance(operation_id, verdict.state, detail, updates, head, error)
-                task = asyncio.get_running_loop().create_task(self._committed(verdict, through_store))
-                self._fallbacks.add(task)
-                task.add_done_callback(lambda done: self._recorded(operation_id, done))
-                return
-            _verdict_written(verdict, error)
-            self._recorded(operation_id)
-
-        if not self.journal.advance_now(operation_id, State.SUBMITTED, verdict.state, detail, updates, head, answered):
-            return await self._committed(verdict, self._advance(operation_id, verdict.state, detail, updates, head))
-        self.recording.add(operation_id)
-        return verdict.state.value
-
-    def _recorded(self, operation_id: str, fallback: "asyncio.Task[str] | None" = None) -> None:
-        self.recording.discard(operation_id)
-        self._settled(operation_id)
-        if not self.recording and self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-        if fallback is not None:
-            self._fallbacks.discard(fallback)
-            if not fallback.cancelled() and fallback.exception() is not None:  # not a journal error: logged here
-                log.error("verdict_not_recorded", operation_id=operation_id, error=repr(fallback.exception()))
+        return await self.verdicts.record(intent.operation_id, verdict, detail, updates, head)
 
     def _verdict_rows(self, result: SendResult, verdict: Verdict, policy: HostPolicy) -> tuple[dict[str, Any], dict[str, Any]]:
         """The verdict's history detail and the receipt's columns it sets."""
@@ -331,14 +320,6 @@ class WriteHandler:
         if tracing.enabled:
             detail[tracing.TRACEPARENT] = tracing.write_traceparent()  # what a reconcile verdict's span links to
         return detail, updates
-
-    async def _committed(self, verdict: Verdict, advancing: Awaitable[None]) -> str:
-        """The verdict committed by `advancing` (an `_advance`), logged; the state that holds."""
-        try:
-            await advancing
-        except ReceiptsError as e:
-            return _verdict_written(verdict, e)
-        return _verdict_written(verdict, None)
 
     async def _advance(
         self,
@@ -368,22 +349,6 @@ class WriteHandler:
                     raise
 
         await self._on_journal_thread(general_path)
-
-
-def _verdict_written(verdict: Verdict, error: ReceiptsError | None) -> str:
-    """Log how writing the verdict ended (`error`: it could not be); the state that holds."""
-    if error is not None:
-        # The upstream has answered but we could not write it down: the receipt stays `submitted`, and
-        # the orphan sweep or crash recovery makes it `outcome_unknown` for the reconciler to settle.
-        log.error("verdict_not_recorded", state=verdict.state.value, error=str(error))
-        return State.SUBMITTED.value
-    log.info(
-        "receipt_" + verdict.state.value,
-        status=verdict.status_code,
-        error_code=verdict.error_code,
-        external_id=verdict.external_id,
-    )
-    return verdict.state.value
 
 
 def _awaiting_approval(e: ApprovalNeededError) -> Handled:

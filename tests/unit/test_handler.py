@@ -5,100 +5,16 @@ path runs in milliseconds against a real SQLite journal."""
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from mitmproxy.test import taddons, tflow, tutils
-from support.e2e import migrate
+from support.handler import created, post, states
 
 from proxy_addon.addons.receipts import METADATA_KEY, Receipts
 from proxy_addon.exceptions import JournalUnavailableError
-from proxy_addon.journal.client import WriterThread
 from proxy_addon.journal.messages import Advance, Record
 from proxy_addon.journal.writer import JournalWriter
-from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse
-
-
-class FakeSender:
-    """Answers each send with the next scripted result, and remembers what it was asked to send."""
-
-    def __init__(self, *results: SendResult):
-        self.results = list(results)
-        self.sent: list[tuple[str, str, bytes]] = []
-        self.headers: list[dict[bytes, bytes]] = []
-
-    async def send_once(self, method: str, url: str, headers: Any, content: bytes, timeouts: Any) -> SendResult:
-        self.sent.append((method, url, content))
-        self.headers.append({k.lower(): v for k, v in headers})
-        return self.results.pop(0)
-
-    def close(self) -> None:
-        pass
-
-    async def aclose(self) -> None:
-        pass
-
-
-def created(body: bytes = b'{"id": 7}', status: int = 201) -> SendResult:
-    return SendResult(SendEnd.ANSWERED, UpstreamResponse(status, "Created", [(b"content-type", b"application/json")], body))
-
-
-def post(body: bytes = b'{"title": "hello"}', method: bytes = b"POST", path: bytes = b"/api/articles") -> Any:
-    req = tutils.treq(method=method, host="api.example.com", port=443, scheme=b"https", path=path, content=body,
-                      headers=((b"host", b"api.example.com"), (b"content-type", b"application/json")))
-    return tflow.tflow(req=req)
-
-
-@pytest.fixture
-def journal(tmp_path: Path) -> Iterator[Callable[..., Any]]:
-    """`journal(*results, **config)` -> (run, addon, sender): `run(flow)` passes the flow through the addon's
-    request hook in a taddons context; the addon journals into a migrated SQLite file."""
-    url = f"sqlite:///{tmp_path / 'receipts.db'}"
-    migrate(url)
-    made: list[Receipts] = []
-
-    def make(*results: SendResult, config: str = "") -> tuple[Callable[[Any], Any], Receipts, FakeSender]:
-        path = tmp_path / "config.yaml"
-        path.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n{config}")
-        addon, sender = Receipts(), FakeSender(*results)
-        addon.writer = WriterThread  # the writer's own loop, in a thread: no process to start per test
-
-        def run(flow: Any, *more: Any, together: bool = False, script: Callable[[Receipts], Any] | None = None) -> Any:
-            """The flows one after the other (or all at once), on one event loop (so one journal writer); the
-            first returned. `script(addon)`, a coroutine function, runs instead of the flows when given."""
-
-            async def go() -> None:
-                with taddons.context(addon) as tctx:
-                    tctx.configure(addon, receipts_config=str(path), receipts_database_url=url)
-                    assert addon.handler is not None
-                    addon.handler.sender = sender
-                    if script is not None:
-                        await script(addon)
-                    elif together:
-                        await asyncio.gather(*(addon.request(f) for f in (flow, *more)))
-                    for f in () if together or script else (flow, *more):
-                        await addon.request(f)
-                    await addon.handler.drain()  # the verdicts committed after their answers, as on shutdown
-
-            asyncio.run(go())
-            return flow
-
-        made.append(addon)
-        return run, addon, sender
-
-    yield make
-    for addon in made:
-        if addon.journal is not None:
-            addon.journal.close()
-        if addon.store is not None:
-            addon.store.engine.dispose()
-
-
-def states(addon: Receipts, operation_id: str) -> list[str]:
-    assert addon.store is not None
-    return [t.to_state for t in addon.store.receipts.history(operation_id)]
+from proxy_addon.request.sender import SendEnd, SendResult
 
 
 def test_a_success_is_the_upstreams_answer_with_the_receipt(journal):
@@ -232,9 +148,9 @@ def test_the_answer_leaves_before_its_verdict_commits_and_a_repeat_after_it_is_r
     assert len(sender.sent) == 1
 
 
-def test_a_verdict_whose_writer_dies_after_the_answer_is_written_through_the_store(journal, monkeypatch):
-    """The answer has left; the writer dies holding its verdict (not committed): the store writes it, and
-    the receipt holds the state the agent was told."""
+def test_a_verdict_whose_writer_dies_after_the_answer_is_handed_to_the_next_writer(journal, monkeypatch):
+    """The answer has left; the writer dies holding its verdict (not committed): the next writer, started for
+    it, writes it, and the receipt holds the state the agent was told."""
     run_batch = JournalWriter.run
     died: list[Any] = []
 
@@ -249,7 +165,7 @@ def test_a_verdict_whose_writer_dies_after_the_answer_is_written_through_the_sto
     flow = run(post())
     assert died and (flow.response.status_code, flow.response.headers["X-Receipt-State"]) == (201, "succeeded")
     assert states(addon, flow.response.headers["X-Receipt-Id"]) == ["planned", "submitted", "succeeded"]
-    assert addon.handler is not None and not addon.handler.recording and not addon.handler.in_flight
+    assert addon.handler is not None and not addon.handler.verdicts.recording and not addon.handler.in_flight
 
 
 def test_reads_and_unjournaled_methods_pass_through(journal):
@@ -310,10 +226,11 @@ def test_a_write_the_writer_committed_before_it_died_is_closed_as_not_sent(journ
     batches: list[Any] = []
 
     def commit_then_die(self: JournalWriter, batch: list[Any]) -> Any:
-        if any(isinstance(request, Record) for _, request in batch):
+        records = any(isinstance(request, Record) for _, request in batch)
+        if records:
             batches.append(batch)
         replies = commit(self, batch)
-        if len(batches) == 2:  # the warm-up's record was answered; this record (with its verdict, maybe) is not
+        if records and len(batches) == 2:  # the warm-up's record was answered; this record (with its verdict, maybe) is not
             raise SystemExit("the writer died before it answered")
         return replies
 

@@ -6,6 +6,7 @@ instance is dead, and what recovery writes: test_recovery.py."""
 import asyncio
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -44,7 +45,7 @@ def journal_state(store: ReceiptStore, executor: ThreadPoolExecutor, in_flight: 
     in-flight set is this one."""
     config = parse_config("proxy: {heartbeat_interval: 1h, instance_dead_after: 1h}")
     return SimpleNamespace(config=config, store=store, executor=executor, handler=SimpleNamespace(in_flight=in_flight),
-                           instance_id="me", journal=None)
+                           instance_id="me", journal=None, in_flight=lambda: frozenset(in_flight))
 
 
 def at(store: ReceiptStore, instance: str, state: S) -> str:
@@ -86,7 +87,8 @@ def test_it_registers_recovers_the_dead_settles_its_orphans_and_stops(store, exe
 
 
 def test_before_the_journal_is_configured_it_does_nothing():
-    unconfigured = SimpleNamespace(config=None, store=None, executor=None, handler=None, instance_id="me", journal=None)
+    unconfigured = SimpleNamespace(config=None, store=None, executor=None, handler=None, instance_id="me", journal=None,
+                                   in_flight=frozenset)
     heartbeat = Heartbeat(unconfigured)
 
     async def life() -> None:
@@ -95,3 +97,22 @@ def test_before_the_journal_is_configured_it_does_nothing():
 
     asyncio.run(life())
     assert heartbeat.liveness is None and heartbeat._task is None
+
+
+def test_it_heartbeats_on_a_thread_of_its_own_while_every_database_thread_is_busy(store, executor):
+    """A stall that fills the database threads the requests share must not stop the heartbeat: a replica would
+    take this live proxy for dead and recover its receipts under it."""
+    release = threading.Event()
+    heartbeat = Heartbeat(journal_state(store, executor, set()))
+    for _ in range(2):  # both of the fixture's threads
+        executor.submit(release.wait, 30)
+
+    async def life() -> None:
+        try:
+            await asyncio.wait_for(heartbeat.running(), 10)  # registered and swept with the threads all busy
+            assert ("me", os.getpid()) in store.instances.on_host(process_namespace())
+        finally:
+            release.set()
+            await heartbeat.done()
+
+    asyncio.run(life())

@@ -106,8 +106,7 @@ def test_a_write_is_recorded_a_repeat_refused_and_a_lost_compare_and_set_reporte
 
 def test_a_verdict_handed_over_now_is_on_the_socket_before_anything_sent_after_it(url: str) -> None:
     """advance_now writes its frame before it returns: a record sent after it reaches the writer after it
-    (request/handler.py answers in between, and relies on that order). With no writer running it hands
-    over nothing."""
+    (request/recording.py answers in between, and relies on that order)."""
     writer = SilentWriter()
 
     async def go() -> None:
@@ -115,12 +114,11 @@ def test_a_verdict_handed_over_now_is_on_the_socket_before_anything_sent_after_i
         it = intent(proxy_instance="me")
         answers: asyncio.Future = asyncio.get_running_loop().create_future()
         then = answers.set_result
-        assert client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, None, then) is False
         first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
         [_setup, (record_id, _)] = await writer.received(2)
         writer.other.sendall(frame(record_id, Done("sha256:head")))
         assert await first == "sha256:head"
-        assert client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", then)
+        client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", then)
         later = asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me"))
         [*_, (advance_id, advance), (later_id, record)] = await writer.received(4)
         assert (type(advance).__name__, advance.operation_id, advance.to, advance.head) == (
@@ -161,6 +159,88 @@ def test_what_a_dying_writer_held_fails_at_once_and_the_next_write_starts_a_new_
         await client.record(intent(proxy_instance="me"), AfterSuccess(), "me")  # a new writer, at once
         assert len(writers) == 2
         await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_verdict_a_dying_writer_held_goes_first_to_the_next_writer_which_is_started_for_it(url: str) -> None:
+    """The writer dies holding a verdict (its agent may have been told it): the verdict is not failed; a new
+    writer is started for it at once, without waiting for the next write, and it is that writer's first frame
+    after its setup, before a record handed over meanwhile (which a repeat of the intent would be)."""
+    writers: list[SilentWriter] = []
+    second: list[asyncio.Event] = []
+
+    def start() -> SilentWriter:
+        writers.append(SilentWriter())
+        if len(writers) == 2:
+            second[0].set()
+        return writers[-1]
+
+    async def go() -> None:
+        second.append(asyncio.Event())
+        client = JournalClient(Setup(url, log_level="error"), start)
+        it = intent(proxy_instance="me")
+        first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
+        await asyncio.sleep(0)  # the client starts its writer
+        [_setup, (record_id, _)] = await writers[0].received(2)
+        writers[0].other.sendall(frame(record_id, Done("sha256:head")))
+        await first
+        answers: asyncio.Future = asyncio.get_running_loop().create_future()
+        client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", answers.set_result, answered=True)
+        await writers[0].received(3)
+        writers[0].die()
+        await second[0].wait()  # started for the verdict, not for a write (bounded by the test's own timeout)
+        repeat = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
+        [_setup, (kept_id, kept), (repeat_id, record)] = await writers[1].received(3)
+        assert (type(kept).__name__, kept.operation_id, kept.to, kept.answered) == ("Advance", it.operation_id, "succeeded", True)
+        assert type(record).__name__ == "Record" and repeat_id > kept_id
+        assert not answers.done()  # not failed by the first writer's death
+        writers[1].other.sendall(frame(kept_id, Done("sha256:next")))
+        assert await answers is None
+        writers[1].other.sendall(frame(repeat_id, Done("sha256:other")))
+        await repeat
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_closing_on_the_event_loop_calls_back_every_verdict_it_held(url: str) -> None:
+    """aclose fails what the writer held on the event loop itself: a verdict's callback (the handler's) runs.
+    From another thread a future's callbacks cannot be scheduled (asyncio's debug mode refuses it), and one
+    failed there was lost."""
+    writer = SilentWriter()
+
+    async def go() -> None:
+        asyncio.get_running_loop().set_debug(True)
+        client = JournalClient(Setup(url, log_level="error"), lambda: writer)
+        it = intent(proxy_instance="me")
+        first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
+        [_setup, (record_id, _)] = await writer.received(2)
+        writer.other.sendall(frame(record_id, Done("sha256:head")))
+        await first
+        answers: asyncio.Future = asyncio.get_running_loop().create_future()
+        client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", answers.set_result)
+        await writer.received(3)
+        await client.aclose()
+        error = await asyncio.wait_for(answers, 5)
+        assert isinstance(error, WriterLostError) and "was stopped" in str(error)
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_writer_stopped_while_it_holds_a_record_is_killed_not_left_to_commit_it(url: str) -> None:
+    """The proxy fails a held record (503, never sent) when it stops its writer: the writer must not commit it
+    after, or its receipt would block the retry the 503 invites. So it is killed, not asked to finish."""
+    writer = SilentWriter()
+
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error"), lambda: writer)
+        held = asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me"))
+        await writer.received(2)
+        await client.aclose()
+        with pytest.raises(WriterLostError):
+            await held
+        assert writer.killed
 
     asyncio.run(asyncio.wait_for(go(), 30))
 

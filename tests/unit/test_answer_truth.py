@@ -1,0 +1,197 @@
+"""The journal never contradicts what the agent was told (request/recording.py), in-process with a real SQLite
+journal and its writer's own loop on a thread: which verdicts commit before their answers, a verdict held past
+the writer's old deadline, a failure after the send, and a handler replaced at run time."""
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from mitmproxy import ctx
+from support.handler import created, post, states
+
+from proxy_addon.addons.heartbeat import Heartbeat
+from proxy_addon.addons.receipts import Receipts
+from proxy_addon.journal.messages import Advance
+from proxy_addon.journal.writer import JournalWriter
+from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse
+
+HOLD = 30.0  # the longest a held verdict waits for the test to release it
+
+
+def answered(status: int, body: bytes) -> SendResult:
+    return SendResult(SendEnd.ANSWERED, UpstreamResponse(status, "", [(b"content-type", b"application/json")], body))
+
+
+def mcp_call() -> Any:
+    body = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "send_mail", "arguments": {"to": "a"}}}
+    return post(json.dumps(body).encode(), path=b"/mcp")
+
+
+INPUT_REQUIRED = answered(200, json.dumps({"jsonrpc": "2.0", "id": 3, "result": {"resultType": "input_required", "requestState": "s"}}).encode())
+
+
+class HeldVerdicts:
+    """The writer holds each batch with a verdict until `release`; `holding` once it holds one."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, to: str | None = None):
+        self.holding, self.release = threading.Event(), threading.Event()
+        run_batch = JournalWriter.run
+
+        def run(writer: JournalWriter, batch: list) -> list:
+            if any(isinstance(r, Advance) and (to is None or r.to == to) for _, r in batch):
+                self.holding.set()
+                self.release.wait(HOLD)
+            return run_batch(writer, batch)
+
+        monkeypatch.setattr(JournalWriter, "run", run)
+
+
+@pytest.mark.parametrize(
+    ("flow", "result", "config", "state"),
+    [
+        (post, answered(409, b'{"error": "conflict"}'), "", "rejected"),
+        (post, SendResult(SendEnd.NOT_SENT, error="refused"), "", "rejected"),
+        (mcp_call, INPUT_REQUIRED, "", "rejected"),
+        (post, created(), "proxy: {answer_first: false}", "succeeded"),
+    ],
+    ids=["upstream-409", "not-sent", "mcp-input-required", "success-answer-first-off"],
+)
+def test_a_verdict_that_releases_the_intent_commits_before_its_answer(journal, monkeypatch, flow, result, config, state):
+    """While `submitted`, such a receipt would refuse the retry its answer invites (on another replica) and end
+    the windows of earlier successes on its target; so when its answer exists, the journal holds its verdict."""
+    held = HeldVerdicts(monkeypatch)
+    run, addon, _ = journal(result, config=config)
+    f = flow()
+    at_answer: list[str] = []
+
+    async def script(addon: Receipts) -> None:
+        assert addon.store is not None
+        request = asyncio.ensure_future(addon.request(f))
+        request.add_done_callback(lambda _: at_answer.append(addon.store.receipts.get(op_of(f)).state))
+        await asyncio.to_thread(held.holding.wait, HOLD)
+        assert not request.done()  # the answer waits for the verdict
+        held.release.set()
+        await asyncio.wait_for(request, HOLD)
+
+    run(f, script=script)
+    assert f.response.headers["X-Receipt-State"] == state == at_answer[0]
+
+
+def op_of(flow: Any) -> str:
+    return flow.response.headers["X-Receipt-Id"]
+
+
+def test_a_success_answers_first_and_its_receipt_stays_open_until_the_verdict_commits(journal, monkeypatch):
+    held = HeldVerdicts(monkeypatch)
+    run, addon, _ = journal(created())
+    f = post()
+
+    async def script(addon: Receipts) -> None:
+        assert addon.store is not None
+        await asyncio.wait_for(addon.request(f), HOLD)  # answered while the writer holds its verdict
+        assert addon.store.receipts.get(op_of(f)).state == "submitted"
+        held.release.set()
+        await addon.handler.drain()  # type: ignore[union-attr]
+
+    run(f, script=script)
+    assert f.response.headers["X-Receipt-State"] == "succeeded" == states(addon, op_of(f))[-1]
+
+
+def test_patch_a_then_a_rejected_patch_b_whose_verdict_is_held_past_the_writers_deadline_then_a_is_replayed(journal, monkeypatch):
+    """PATCH A (200), PATCH B (409), PATCH A: B did not happen, so A's success still stands and its repeat is
+    replayed, not sent again. The writer holds B's verdict past what was its deadline (80 % of journal_timeout:
+    a verdict was expired then, and went through the store while the repeat, queued behind it, committed
+    first and found B `submitted`, which ends A's window). Held 1.7 s, past the old 1.6 s for certain."""
+    release_after = 1.7
+    run_batch = JournalWriter.run
+
+    def run(writer: JournalWriter, batch: list) -> list:
+        if any(isinstance(r, Advance) and r.to == "rejected" for _, r in batch):
+            threading.Event().wait(release_after)  # a slow disk or a loaded machine, for the verdict alone
+        return run_batch(writer, batch)
+
+    monkeypatch.setattr(JournalWriter, "run", run)
+    run_flows, addon, sender = journal(created(b'{"v": "A"}', 200), answered(409, b'{"error": "stale"}'), created(b'{"v": "A"}', 200),
+                                       config="proxy: {journal_timeout: 2s}")
+    a, b, a_again = post(b'{"v": "A"}', method=b"PATCH", path=b"/doc/1"), post(b'{"v": "B"}', method=b"PATCH", path=b"/doc/1"), \
+        post(b'{"v": "A"}', method=b"PATCH", path=b"/doc/1")  # fmt: skip
+    run_flows(a, b, a_again)
+    assert (a.response.status_code, b.response.status_code) == (200, 409)
+    assert b.response.headers["X-Receipt-State"] == "rejected"
+    assert a_again.response.headers.get("X-Receipt-Replayed") == "true", a_again.response.headers
+    assert a_again.response.headers["X-Receipt-Id"] == op_of(a)
+    assert [body for _, _, body in sender.sent] == [b'{"v": "A"}', b'{"v": "B"}']  # the upstream saw A once
+
+
+def test_a_failure_after_the_send_is_an_unknown_outcome_never_a_503_not_sent(journal, monkeypatch):
+    """The request reached the upstream: whatever fails after, the agent must not hear "nothing forwarded"
+    (503 journal-unavailable), which invites a retry. It hears outcome-unknown, as the journal says."""
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug between the send and the answer")
+
+    monkeypatch.setattr("proxy_addon.request.handler.send_verdict", broken)
+    run, addon, sender = journal(created())
+    f = run(post())
+    assert len(sender.sent) == 1
+    assert f.response.status_code == 504
+    assert json.loads(f.response.content)["type"].endswith("outcome-unknown")
+    assert addon.store is not None
+    receipt = addon.store.receipts.get(op_of(f))
+    assert (receipt.state, receipt.error_code) == ("outcome_unknown", "proxy_error") == (f.response.headers["X-Receipt-State"], "proxy_error")
+
+
+def test_a_handler_replaced_at_run_time_finishes_its_writes_which_the_heartbeat_still_counts(journal, monkeypatch, tmp_path):
+    """A runtime change of receipts_config replaces the handler while a write of the old one is at its upstream:
+    that write's verdict is still committed (its journal stays open until then), and meanwhile the heartbeat's
+    orphan sweep counts it, and the new handler's writes, as in flight."""
+    run, addon, sender = journal(created(), created(b'{"id": 8}'))
+    at_upstream, upstream_answers = asyncio.Event(), None
+    scripted = sender.send_once
+
+    async def held(*args: Any) -> SendResult:
+        at_upstream.set()
+        assert upstream_answers is not None
+        await upstream_answers.wait()
+        return await scripted(*args)
+
+    sender.send_once = held  # type: ignore[method-assign]
+    other = tmp_path / "other.yaml"
+    other.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n")
+    old_write, new_write = post(b'{"n": 1}'), post(b'{"n": 2}')
+    seen: dict[str, frozenset[str]] = {}
+
+    async def script(addon: Receipts) -> None:
+        nonlocal upstream_answers
+        upstream_answers = asyncio.Event()
+        heartbeat = Heartbeat(addon)
+        await heartbeat.running()
+        try:
+            first = asyncio.ensure_future(addon.request(old_write))
+            await asyncio.wait_for(at_upstream.wait(), HOLD)
+            old_handler = addon.handler
+            ctx.options.update(receipts_config=str(other))
+            assert addon.handler is not old_handler and addon.handler is not None
+            addon.handler.sender = sender
+            at_upstream.clear()
+            second = asyncio.ensure_future(addon.request(new_write))
+            await asyncio.wait_for(at_upstream.wait(), HOLD)
+            assert heartbeat.liveness is not None
+            seen["in_flight"] = heartbeat.liveness.in_flight()  # type: ignore[misc]
+            upstream_answers.set()
+            await asyncio.wait_for(asyncio.gather(first, second), HOLD)
+            await addon.done()
+        finally:
+            await heartbeat.done()
+
+    run(old_write, script=script)
+    assert seen["in_flight"] >= {op_of(old_write), op_of(new_write)}, seen
+    assert addon.store is not None
+    deadline = time.monotonic() + HOLD
+    while addon.store.receipts.get(op_of(old_write)).state == "submitted" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert addon.store.receipts.get(op_of(old_write)).state == "succeeded"
+    assert addon.store.receipts.get(op_of(new_write)).state == "succeeded"
