@@ -472,16 +472,19 @@ def test_a_journal_writer_killed_while_it_holds_a_write_fails_it_closed_and_is_r
     assert env.ups["main"].count("POST", path) == 1 and journal._link.process.pid != pid
 
 
-def test_a_verdict_that_cannot_be_written_is_settled_by_the_live_proxy(env: Env):
-    """The upstream answered but the verdict could not be journaled: the receipt must not stay `submitted`
-    for as long as this proxy lives; its own sweep makes it outcome_unknown, which still blocks a retry."""
+def test_a_verdict_that_cannot_be_written_yet_is_handed_over_again_until_it_is(env: Env):
+    """The upstream answered but the journal refuses the verdict for a while: it is handed over again (not tried
+    once and left to the orphan sweep, which would make it outcome_unknown against the agent's 201), its receipt
+    open meanwhile (a retry is refused, nothing forwarded); once the journal takes it, the receipt is `succeeded`,
+    as the agent was told."""
     path = f"/verdict-fails/{tag()}"
     with failing_receipt_writes(env.url, "UPDATE", "NEW.state = 'succeeded'"):
         r = env.client.post(env.at("main", path), json={"x": 1})
-        assert r.status_code == 201 and r.headers["X-Receipt-State"] == "succeeded"  # the verdict it could not write
-        orphan = settled(env.store, r.headers["X-Receipt-Id"])  # the sweep moved it on, while writes still fail
-    assert (orphan.state, orphan.error_code) == ("outcome_unknown", "verdict_not_recorded"), orphan
-    problem(env.client.post(env.at("main", path), json={"x": 1}), 409, "duplicate-open")
+        assert r.status_code == 201 and r.headers["X-Receipt-State"] == "succeeded"  # the verdict it cannot write yet
+        problem(env.client.post(env.at("main", path), json={"x": 1}), 409, "duplicate-open")
+        assert env.store.receipts.get(r.headers["X-Receipt-Id"]).state == "submitted"
+    told = settled(env.store, r.headers["X-Receipt-Id"])
+    assert (told.state, told.status_code) == ("succeeded", 201), told
     assert env.ups["main"].count("POST", path) == 1
 
 

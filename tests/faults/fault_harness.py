@@ -25,6 +25,8 @@ import yaml
 from support.e2e import open_store
 from support.recording_upstream import REJECT, RESET, SEND_HEADER, SLOW, SUCCESS, RecordingUpstream
 
+from faults.invariants import Told
+
 REPO = Path(__file__).resolve().parents[2]
 PG_BIN = Path(os.environ.get("RECEIPTS_PG_BIN", "/usr/lib/postgresql/15/bin"))
 PROBLEM_JSON = "application/problem+json"
@@ -228,8 +230,17 @@ class Agents:
             return list(self.sent)
 
 
-def answered_ids(sent: list[Sent]) -> list[str]:
-    return [s.receipt_id for s in sent if s.receipt_id]
+REFUSALS = frozenset({"duplicate-open", "duplicate-succeeded", "idempotency-key-mismatch"})
+
+
+def answered_ids(sent: list[Sent]) -> list[Told]:
+    """The receipts the agents were answered with, and what each answer told of its own receipt (a refusal or a
+    replay names another write's receipt, in whatever state it had then: it tells nothing of its own)."""
+    return [
+        Told(s.receipt_id, None if s.replayed or s.problem in REFUSALS else s.receipt_state)
+        for s in sent
+        if s.receipt_id
+    ]
 
 
 def burst(proxies: list[str], url: str, intent: Intent, per_proxy: int) -> list[Sent]:

@@ -14,6 +14,11 @@
    `to_state` is the receipt's state; terminal receipts have `completed_at`; no history row without its receipt.
 5. Every history's audit chain holds (audit/verify.py, `check_chain`): whatever crashed, stalled or raced,
    every row was hashed and chained by the one write path, and each receipt's head is its last row's hash.
+6. The journal never contradicts what an agent was told (`Told`: an answer's own X-Receipt-Id and
+   X-Receipt-State, not a refusal naming another receipt): told `succeeded` or `rejected`, the receipt ends in
+   that state (never `safe_to_retry`, `manual_review` or `outcome_unknown` for a told success); told
+   `outcome_unknown`, its history went there from `submitted` (what came after is a reconcile verdict or a
+   person's). A verdict that committed late (answer first) still ends there, across a crash.
 
 `check_scenario` records the counts in SUMMARY (printed by conftest.py at the end of the run), then fails
 the test with every violation found.
@@ -141,6 +146,27 @@ def _tag(body: bytes | None) -> str | None:
     return None if tag is None else str(tag)
 
 
+@dataclass(frozen=True)
+class Told:
+    """What one answer told its agent of its own receipt (X-Receipt-Id, X-Receipt-State)."""
+
+    receipt_id: str
+    state: str | None
+
+
+def contradiction(journal: "Journal", told: Told) -> str | None:
+    """6. How the journal contradicts what the agent was told, or None."""
+    receipt = journal.receipts.get(told.receipt_id)
+    if receipt is None or told.state is None:
+        return None  # a missing receipt is `lost` (1.)
+    steps = [t["to_state"] for t in journal.history.get(told.receipt_id, [])]
+    if told.state in (State.SUCCEEDED.value, State.REJECTED.value) and receipt["state"] != told.state:
+        return f"{told.receipt_id}: the agent was told {told.state}, the journal says {receipt['state']} ({' -> '.join(steps)})"
+    if told.state == State.OUTCOME_UNKNOWN.value and State.OUTCOME_UNKNOWN.value not in steps:
+        return f"{told.receipt_id}: the agent was told outcome_unknown, its history never was ({' -> '.join(steps)})"
+    return None
+
+
 @dataclass
 class Findings:
     lost: list[str] = field(default_factory=list)
@@ -148,6 +174,7 @@ class Findings:
     unsettled: list[str] = field(default_factory=list)
     half_written: list[str] = field(default_factory=list)
     broken_chains: list[str] = field(default_factory=list)
+    contradictions: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> list[str]:
@@ -157,18 +184,22 @@ class Findings:
             + [f"left unsettled: {x}" for x in self.unsettled]
             + [f"half-written: {x}" for x in self.half_written]
             + [f"audit chain: {x}" for x in self.broken_chains]
+            + [f"contradicts its answer: {x}" for x in self.contradictions]
         )
 
 
 def find_violations(
     journal: Journal,
     receptions: Iterable[Reception],
-    answered_ids: Iterable[str] = (),
+    answered_ids: Iterable[str | Told] = (),
     unjournaled_sends: Iterable[str] = (),
 ) -> Findings:
-    """The four invariants over one database. `unjournaled_sends`: X-Fault-Send ids that were knowingly
+    """The invariants over one database. `answered_ids`: the receipt ids agents were answered with (a Told
+    also says what its own answer told: 6.). `unjournaled_sends`: X-Fault-Send ids that were knowingly
     forwarded without a receipt (fail open); they are left out of 1 and 3."""
     found = Findings()
+    told = [a for a in answered_ids if isinstance(a, Told)]
+    answered_ids = [a.receipt_id if isinstance(a, Told) else a for a in answered_ids]
     skip = set(unjournaled_sends)
     writes = [r for r in receptions if r.send_id not in skip or r.send_id is None]
     receipts, history = journal.receipts, journal.history
@@ -253,6 +284,7 @@ def find_violations(
     for op in set(history) - set(receipts):
         found.half_written.append(f"history rows for {op}, which has no receipt")
     found.broken_chains += chains_broken(journal)
+    found.contradictions += [c for c in (contradiction(journal, t) for t in told) if c is not None]
     return found
 
 
@@ -281,7 +313,7 @@ def check_scenario(
     database_url: str,
     receptions: Iterable[Reception],
     sent: int,
-    answered_ids: Iterable[str] = (),
+    answered_ids: Iterable[str | Told] = (),
     unjournaled_sends: Iterable[str] = (),
 ) -> Journal:
     """Check the invariants, record the scenario's counts in SUMMARY, and fail with every violation."""

@@ -22,7 +22,7 @@ from support.h2_upstream import H2Upstream
 from support.proxy import start_inprocess_proxy
 from support.recording_upstream import Reception, RecordingUpstream
 
-from faults.invariants import check_scenario
+from faults.invariants import Told, check_scenario
 
 IDLE_TIMEOUTS = (0.2, 1.0, 2.0, 5.0)
 KEEPALIVE = 4.0  # the default upstream_keepalive
@@ -100,7 +100,7 @@ def test_reused_connections_never_send_twice_and_every_ambiguous_end_is_unknown(
     with ThreadPoolExecutor(len(targets)) as pool:
         sent = sum(pool.map(lambda t: drive(proxy.url, t[0], t[1], ledger), targets))
     receptions = [r for up in h1.values() for r in up.received()] + [r for up in h2.values() for r in h2_receptions(up)]
-    answered = [op for _, _, op, _ in ledger.answers if op]
+    answered = [Told(op, state) for _, _, op, state in ledger.answers if op]  # every tag is new: each answer its own
     journal = check_scenario("reused upstream connections (HTTP/1.1, HTTP/2)", sqlite_url, receptions, sent, answered)
 
     seen = Counter(r.tag for r in receptions)

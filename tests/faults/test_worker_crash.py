@@ -17,7 +17,7 @@ from support.e2e import open_store, stop_process, wait_for
 from support.proxy import start_proxy_process
 from support.recording_upstream import RESET
 
-from faults.fault_harness import Intent, fault_config, proxy_client, send
+from faults.fault_harness import Intent, answered_ids, fault_config, proxy_client, send
 from faults.invariants import check_scenario, read_journal
 
 RECEIPTS = 6
@@ -89,4 +89,4 @@ def test_worker_killed_mid_lease_each_receipt_is_reconciled_once_by_another(data
         assert releases[0]["recorded_at"] >= expired_at - timedelta(milliseconds=50), "released before the lease expired"
     assert upstream.read_count(probes=False) - reads_at_kill == RECEIPTS, "the second worker did not read each item exactly once"
     check_scenario(f"reconcile worker SIGKILL mid-lease ({backend})", database, upstream.received(), len(sent),
-                   [s.receipt_id for s in sent])
+                   answered_ids(sent))

@@ -4,7 +4,7 @@ Six agents send 30 intents at random (mixed success, slow, reset and reject) thr
 Each round stops the proxy's journal writer (SIGSTOP) and waits until every agent waits on it (the
 `receipts_journal_writer_pending` gauge), then kills it. The writes it held are answered 503
 `journal-unavailable` at once, exactly as many as the proxy's log says it held, and none of them reaches the
-upstream; the verdicts it held are written through the store instead; a receipt it may have committed for a
+upstream; the verdicts it held (answered already) go first to the next writer, started for them at once; a receipt it may have committed for a
 write that was never sent is closed as not sent, so nothing stays open. The proxy starts a new writer and
 journals again. Then the invariants hold (invariants.py): nothing lost, nothing forwarded twice, no
 half-written history.
