@@ -90,9 +90,10 @@ class VerdictRecorder:
             log.warning("verdict_handed_over_again", operation_id=v.operation_id, error=str(error), in_seconds=pause)
             asyncio.get_running_loop().call_later(pause, self._hand_over, v)
             return
-        state = verdict_written(v.verdict, error)
+        seconds = time.perf_counter() - v.handed
+        state = verdict_written(v.verdict, error, seconds, v.answer_first)
         if error is None:
-            metrics.verdict_committed(time.perf_counter() - v.handed, v.answer_first)
+            metrics.verdict_committed(seconds, v.answer_first)
         self.recording.discard(v.operation_id)
         self._settled(v.operation_id)
         if not self.recording and self._drained is not None and not self._drained.done():
@@ -111,8 +112,9 @@ class VerdictRecorder:
             await asyncio.wait_for(asyncio.shield(self._drained), self.journal_timeout)
 
 
-def verdict_written(verdict: Verdict, error: ReceiptsError | None) -> str:
-    """Log how writing the verdict ended (`error`: it could not be); the state that holds."""
+def verdict_written(verdict: Verdict, error: ReceiptsError | None, seconds: float, answer_first: bool) -> str:
+    """Log how writing the verdict ended (`error`: it could not be), and how long after its hand-over (`commit_ms`,
+    `answered`: `before` the commit or `after` it: bench/verdict_lag.py reads them); the state that holds."""
     if isinstance(error, StaleStateError):
         # moved on by someone else first (a person's resolve after a recovery): theirs stands
         log.warning("verdict_not_recorded", state=verdict.state.value, found=error.actual, error=str(error))
@@ -126,5 +128,7 @@ def verdict_written(verdict: Verdict, error: ReceiptsError | None) -> str:
         status=verdict.status_code,
         error_code=verdict.error_code,
         external_id=verdict.external_id,
+        commit_ms=round(seconds * 1000, 3),
+        answered="before" if answer_first else "after",
     )
     return verdict.state.value
