@@ -89,7 +89,7 @@ class TargetRun:
             database = self.pg_database()
             self.session.pg_databases.add(database)
             self.db = Db.fresh_postgres(self.args.pg_admin_url, database)
-        self.config = write_proxy_config(self.session.tmp, self.target.key, self.db.url)
+        self.config = write_proxy_config(self.session.tmp, self.target.key, self.db.url, not self.args.commit_first)
         migrate(self.config, self.db.url)
         seed = self.seed(self.db)
         seed["db_bytes"] = self.db.size_bytes()

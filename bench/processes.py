@@ -181,13 +181,15 @@ def start_receipts_proxy(procs: Processes, log: Path, confdir: Path, config: Pat
     return proc, port
 
 
-def write_proxy_config(tmp: Path, target_key: str, database_url: str) -> Path:
+def write_proxy_config(tmp: Path, target_key: str, database_url: str, answer_first: bool = True) -> Path:
+    """The defaults, a fresh database, a throw-away secret file (and `proxy.answer_first: false` when asked)."""
     path = tmp / f"config-{target_key}.yaml"
     path.write_text(
         "# written by bench/run.py: the defaults, a fresh database, a throw-away secret file\n"
         f"database:\n  url: {json.dumps(database_url)}\n"
         f"secret_file: {json.dumps(str(tmp / 'secret'))}\n"
         "logging:\n  level: info\n  format: json\n"
+        + ("" if answer_first else "proxy:\n  answer_first: false\n")
     )
     return path
 

@@ -195,6 +195,11 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--no-chart", action="store_true")
     p.add_argument(
+        "--commit-first",
+        action="store_true",
+        help="run the receipts proxies with proxy.answer_first: false (every verdict commits before its answer)",
+    )
+    p.add_argument(
         "--pg-admin-url",
         default=os.environ.get("RECEIPTS_BENCH_PG_ADMIN_URL", PG_ADMIN_DEFAULT),
         help="a database on the server to connect to for CREATE/DROP DATABASE",

@@ -486,13 +486,13 @@ class JournalClient:
             restart_in_seconds=pause,
         )
         self._end(link, WriterLostError(f"cannot write the journal: the journal writer stopped ({how})"), keep_verdicts=True)
-        if self._unsent:
-            self._restart_for_verdicts()
 
     def _end(self, link: WriterLink, error: JournalUnavailableError | None = None, keep_verdicts: bool = False) -> None:
         """`_detach`, then the writer stopped: killed if it held a record, which it must not commit after its
         caller was failed (a receipt for a write answered 503 and never sent would block the retry it invites)."""
         _stop_link(link, self._detach(link, error, keep_verdicts))
+        if self._unsent:  # kept verdicts: a new writer for them now, not with the next write
+            self._restart_for_verdicts()
 
     def _detach(self, link: WriterLink, error: JournalUnavailableError | None, keep_verdicts: bool) -> bool:
         """Fail what the writer held (its kept verdicts wait for the next one when `keep_verdicts`) and let go of
