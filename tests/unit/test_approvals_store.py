@@ -3,20 +3,28 @@
 intent is approved, then exactly one, linked to the approval, which is used up with it."""
 
 import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable
 
+import psycopg
 import pytest
 from sqlalchemy import func, select
-from support.e2e import failing_receipt_writes
+from support.e2e import failing_receipt_writes, migrate
+from support.pg import libpq_url
 from support.store import S, intent
 
 from proxy_addon.config import AfterSuccess
+from proxy_addon.db import make_engine
 from proxy_addon.exceptions import ApprovalNeededError, ApprovalNotFoundError, DuplicateIntentError, NotDecidableError
 from proxy_addon.journal.connection import DriverConnection
 from proxy_addon.journal.messages import AwaitingApproval, Done, Failed, Record
 from proxy_addon.journal.writer import JournalWriter, _one_statement
 from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver
 from proxy_addon.rules.approvals import ApprovalAsk
-from proxy_addon.rules.records import new_operation_id
+from proxy_addon.rules.records import ApprovalRecord, Blocker, BlockKind, new_operation_id
+from proxy_addon.store import ReceiptStore
 from proxy_addon.store.tables import Receipt
 
 ASK = ApprovalAsk(expires=3600)
@@ -89,6 +97,34 @@ def test_denied_answers_the_note_and_is_never_used(store):
     assert receipts_of(store, it.intent_fingerprint) == 0
     with pytest.raises(NotDecidableError):
         store.approvals.decide(a.approval_id, "approve", "changed my mind", "bob")
+
+
+def test_a_denial_lapses_at_its_expiry_and_the_next_request_asks_again(store):
+    """A denial stands for its `expires` from the decision, not for ever: at its expiry (the clock is given to
+    the write, not waited for) the same request asks a person again."""
+    it, short = intent(), ApprovalAsk(expires=60)
+    a = ask(store, it, short)
+    denied = store.approvals.decide(a.approval_id, "deny", "not this customer", "bob")
+    assert ask(store, again(it), short).state == "denied"  # while it stands
+    at_expiry = NewReceipt(again(it), None, "proxy-1", at=denied.expires_at, approval=short)
+    later = store.db.write(lambda conn: store.receipts.writes(conn).record(at_expiry))
+    assert isinstance(later, ApprovalRecord), later
+    assert later.state == "pending" and later.approval_id != a.approval_id
+    assert receipts_of(store, it.intent_fingerprint) == 0
+
+
+def test_an_approval_lets_through_its_own_account_alone(store):
+    """The same request (one fingerprint) from another account is another intent: the approval one account got
+    is not used by the other, which asks for its own."""
+    alices = intent(account="acct:alice")
+    bobs = intent(alices.intent_fingerprint, account="acct:bob")
+    a = ask(store, alices)
+    store.approvals.decide(a.approval_id, "approve", "alice may", "carol")
+    b = ask(store, bobs)
+    assert b is not None, "bob's request was recorded with alice's approval"
+    assert (b.state, b.account) == ("pending", "acct:bob") and b.approval_id != a.approval_id
+    assert store.approvals.get(a.approval_id).state == "approved"  # still alice's to use
+    assert ask(store, again(alices)) is None
 
 
 def test_expired_pending_asks_anew_and_cannot_be_approved(store):
@@ -172,3 +208,101 @@ def test_a_write_without_an_approval_rule_runs_the_statements_it_always_ran(migr
     assert not any("approvals" in s for s in recording.statements)
     assert len(recording.statements) == (1 if migrated_url.startswith("postgresql") else 4)
     assert _one_statement(Record(intent(), 900.0, "proxy-1")) and not _one_statement(Record(intent(), 900.0, "p", approval=ASK))
+
+
+# -- two writers (two replicas) on one PostgreSQL, in an order the test sets --------------------------------------
+
+
+@pytest.fixture
+def pg_store(pg_url: str):
+    migrate(pg_url)
+    engine = make_engine(pg_url)
+    try:
+        yield pg_url, ReceiptStore(engine)
+    finally:
+        engine.dispose()
+
+
+def _until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
+    """Wait for a state the other connection reaches, looking again until it does (bounded: a hang fails)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.01)
+
+
+def _used_by_two_writers(url: str, store: ReceiptStore, it) -> tuple[str, str, object]:
+    """The intent approved; writer 1 uses the approval (its receipt inserted, not committed); writer 2, the same
+    request on another connection, blocks on the approval's row (seen in pg_blocking_pids); then writer 1
+    commits. The approval's id, writer 1's operation id, and what writer 2's `record` returned."""
+    a = ask(store, it)
+    store.approvals.decide(a.approval_id, "approve", "ok", "alice")
+    first, second = again(it), again(it)
+    one, two = DriverConnection(url), DriverConnection(url)
+    pids: queue.Queue[int] = queue.Queue()
+    outcome: list[object] = []
+
+    def writer_two() -> None:
+        try:
+            with two.transaction() as driver:
+                pids.put(driver.info.backend_pid)
+                outcome.append(
+                    JournalWrites.on(OnDriver(driver), two.statements).record(NewReceipt(second, None, "proxy-2", approval=ASK))
+                )
+        except BaseException as e:  # reported by the test, not lost in the thread
+            outcome.append(e)
+
+    thread = threading.Thread(target=writer_two, daemon=True)
+    admin = psycopg.connect(libpq_url(url), autocommit=True)
+    try:
+        with one.transaction() as driver:
+            head = JournalWrites.on(OnDriver(driver), one.statements).record(NewReceipt(first, None, "proxy-1", approval=ASK))
+            assert isinstance(head, str)  # used, and its receipt inserted: not committed yet
+            holder = driver.info.backend_pid
+            thread.start()
+            waiter = pids.get(timeout=30)
+
+            def blocked() -> bool:
+                assert thread.is_alive(), f"writer 2 did not wait for writer 1: {outcome}"
+                row = admin.execute("SELECT %s = ANY(pg_blocking_pids(%s))", (holder, waiter)).fetchone()
+                return bool(row and row[0])
+
+            _until(blocked, "blocked on writer 1's row")
+        thread.join(30)  # writer 1 committed on leaving the block
+        assert not thread.is_alive(), "writer 2 never finished"
+    finally:
+        admin.close()
+        one.close()
+        two.close()
+    [result] = outcome
+    if isinstance(result, BaseException):
+        raise result
+    return a.approval_id, first.operation_id, result
+
+
+def test_an_approval_used_by_a_writer_that_commits_while_another_waits_on_it_stays_used(pg_store):
+    """The compare-and-set that uses an approval re-checks its state on the row the first writer changed: the
+    second writer, blocked on that row until the first commits, must not take it too (it would find the first's
+    receipt in its way, give the approval back, and leave it `approved` for a second use)."""
+    url, store = pg_store
+    it = intent()
+    approval_id, first, _ = _used_by_two_writers(url, store, it)
+    used = store.approvals.get(approval_id)
+    assert (used.state, used.operation_id) == ("used", first)
+    store.receipts.transition(first, S.SUBMITTED, S.SUCCEEDED, {"who": "test"}, status_code=201)
+    later = ask(store, again(it))  # once the receipt ended, the next request needs a new approval
+    assert later is not None and later.state == "pending" and later.approval_id != approval_id
+    assert receipts_of(store, it.intent_fingerprint) == 1
+
+
+def test_a_writer_that_lost_the_approval_to_a_concurrent_one_gets_its_receipt_as_a_duplicate(pg_store):
+    """When the approval was used meanwhile (by the writer whose commit it waited for), what stands in the way is
+    that writer's open receipt: the request is its duplicate, not a new request for a person's approval."""
+    url, store = pg_store
+    it = intent()
+    _, first, outcome = _used_by_two_writers(url, store, it)
+    assert isinstance(outcome, Blocker), outcome
+    assert (outcome.kind, outcome.receipt.operation_id) == (BlockKind.OPEN, first)
+    assert store.approvals.pending_count() == 0
+    assert store.receipts.get(first).state == S.SUBMITTED.value
+    assert receipts_of(store, it.intent_fingerprint) == 1

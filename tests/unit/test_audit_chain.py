@@ -145,6 +145,21 @@ def test_a_checkpoint_changed_or_removed_is_named(store):
     }
 
 
+def test_the_oldest_checkpoint_removed_is_named(store):
+    """Only the first checkpoint names none before it: once the oldest is deleted, the one after it names a
+    checkpoint that is not there, and that is a finding, not a new first checkpoint."""
+    recorded(store, intent())
+    checkpoint(store)
+    recorded(store, intent())
+    checkpoint(store)
+    assert audited(store).ok and audited(store).checkpoints == 2
+    with store.engine.begin() as conn:
+        oldest, second = conn.execute(select(checkpoints.c.id).order_by(checkpoints.c.id)).scalars()
+        conn.execute(delete(checkpoints).where(checkpoints.c.id == oldest))
+    found = [(f.operation_id, f.how, f.detail) for f in audited(store).findings]
+    assert found == [(f"checkpoint {second}", Tampering.CHECKPOINT, "the checkpoint before it is missing or was changed")]
+
+
 def test_scrub_chains_again_what_it_rewrote(store):
     """`receipts scrub` rewrites a detail that holds a secret: the chain is computed again and verify says so
     in a note, not as tampering, even against a checkpoint taken before."""

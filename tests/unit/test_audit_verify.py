@@ -131,3 +131,20 @@ def test_a_history_rewritten_and_rehashed_whole_holds_without_a_checkpoint():
     c.rows[2]["detail"] = {"who": "mallory"}
     rehashed(c.rows)
     assert check_chain(dataclasses.replace(c, head=c.rows[-1]["hash"])) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "how", "says"),
+    [
+        # the states then skip a step: named as the row that would have made them follow
+        ("from_state", "planned", "removed", "a row before row 30 (planned -> outcome_unknown) is missing (after submitted)"),
+        ("to_state", "succeeded", "changed", "row 30 (submitted -> succeeded) does not match its hash" + EITHER),
+    ],
+    ids=["from_state", "to_state"],
+)
+def test_a_rows_state_changed_alone_is_named(field, value, how, says):
+    """Both states of a row are in its hash: a row made to say it came from, or went to, another state, with
+    nothing else changed and no hash recomputed, does not verify."""
+    c = written()
+    c.rows[2][field] = value
+    assert [(f.operation_id, f.how.value, f.detail) for f in check_chain(c)] == [("op_1", how, says)]

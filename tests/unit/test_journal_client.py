@@ -25,6 +25,7 @@ from proxy_addon.rules.duplicates import successes_block_for
 from proxy_addon.rules.states import State
 
 DEFAULT_WINDOW = successes_block_for(AfterSuccess())  # what a Record carries for the default policy
+ROUNDING = 1e-6  # seconds: a float's rounding of time.monotonic() sums, far below any share of a timeout
 
 
 class SilentWriter:
@@ -375,5 +376,55 @@ def test_a_receipt_committed_after_its_caller_gave_up_is_closed_as_not_sent(url:
         slow.other.sendall(frame(advance_id, Done()))
         assert not slow.killed
         await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_the_watchdog_is_due_one_journal_timeout_after_the_send(url: str) -> None:
+    """A writer that has held a request for proxy.journal_timeout is killed: its timer is due then, not later.
+    Read off the timer against the loop's clock (time.monotonic, the client's clock too), not waited for."""
+    writer = SilentWriter()
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        client = JournalClient(Setup(url, log_level="error", journal_timeout=30), lambda: writer)
+        held = asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me"))
+        await writer.received(2)
+        now = loop.time()
+        [sent] = client._pending.values()
+        timer = client._watchdog
+        assert timer is not None and not timer.cancelled()
+        # due at the send plus the timeout, give or take the float's rounding; the microseconds the client took
+        # to arm it (between the send and now) are all it may be later by
+        assert sent.sent + 30 - ROUNDING <= timer.when() <= now + 30 + ROUNDING
+        await client.aclose()
+        with pytest.raises(WriterLostError):
+            await held
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_the_writer_is_handed_a_deadline_before_its_caller_gives_up(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer writes nothing past the deadline it is handed (writer.py): it must come before the caller's
+    own give-up, or a record its caller already failed (503, not sent) could still be committed."""
+    writer = SilentWriter()
+
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error", journal_timeout=30), lambda: writer)
+        gives_up: list[float] = []
+        answer_of = client._answer_of
+
+        async def watched(held, give_up: float):
+            gives_up.append(give_up)  # the caller's own give-up, as the client computed it
+            return await answer_of(held, give_up)
+
+        monkeypatch.setattr(client, "_answer_of", watched)
+        held = asyncio.ensure_future(client.record(intent(proxy_instance="me"), AfterSuccess(), "me"))
+        [_setup, (_, record)] = await writer.received(2)
+        assert isinstance(record, Record) and gives_up
+        assert record.deadline < gives_up[0]
+        await client.aclose()
+        with pytest.raises(WriterLostError):
+            await held
 
     asyncio.run(asyncio.wait_for(go(), 30))

@@ -111,6 +111,17 @@ def test_a_presigned_url_and_a_header_signature_of_one_key_are_one_account():
     assert presigned.account == intent_of(sigv4_attempt(KEY_A, T0, 1)).account
 
 
+def test_a_session_credential_by_header_and_by_presigned_url_is_one_account():
+    """A session credential's token goes with each of its signatures, as a header or in a presigned URL's query:
+    it belongs to the signature, and the key id alone counts, however the key signs."""
+    header = sigv4_attempt(SESSION, T0, 1)
+    assert dict(header.headers)["X-Amz-Security-Token"] == SESSION.token
+    url = presigned_put(SESSION, T0)
+    assert "X-Amz-Security-Token=" in url
+    presigned = intent_of(facts_of("PUT", url, [], b"x", "text/plain"))
+    assert presigned.account == intent_of(header).account != ANONYMOUS
+
+
 def test_sigv2_s3_header_and_query_services_sign_per_attempt_too():
     def s3_v2(creds: Credentials, date: str) -> RequestFacts:
         url = "https://bucket.s3.amazonaws.com/k"

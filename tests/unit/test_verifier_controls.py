@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from support.reconcile import Env, articles_rule, emptied, env_factory, lookup, title, verdict
-from support.world import COMMIT_THEN_HANG, HANG_WITHOUT_STORE
+from support.world import COMMIT_THEN_HANG, HANG_WITHOUT_STORE, OK
 
 from proxy_addon.config import load_config, parse_config
 from proxy_addon.exceptions import ConfigError
@@ -208,3 +208,28 @@ def test_a_controls_failed_read_is_a_failed_read_of_the_rule(make_env):
 
     env.world.failing_paths = None
     assert env.store.receipts.get(op).external_id is None  # never called succeeded on an unproven rule
+
+
+@pytest.mark.parametrize("how", ["failed", "no_known_success"])
+def test_a_control_that_did_not_pass_is_run_again_within_max_age(make_env, how):
+    """Only a passing run proves a rule for `max_age`: one that failed (the known effect not found) or had no
+    known success to run on proves nothing, so the next verdict runs that control again, however recent it was."""
+    env = make_env([articles_rule(lookup(controls={"max_age": "1h"}))])
+    if how == "failed":
+        gone = env.store.receipts.get(env.known_success("/api/articles", _article())).external_id
+        with env.world.lock:
+            del env.world.articles[str(gone)]  # the known effect is not there to be found
+    env.world.article_mode = HANG_WITHOUT_STORE
+    first = env.unknown("/api/articles", _article())
+    env.reconcile()
+    assert env.store.receipts.get(first).state == "manual_review"
+    assert verdict(env.store, first).detail["unproven"] == ("positive" if how == "failed" else "no_known_success")
+
+    env.world.article_mode = OK
+    env.known_success("/api/articles", _article())  # a known effect there now, seconds later
+    env.world.article_mode = HANG_WITHOUT_STORE
+    second = env.unknown("/api/articles", _article())
+    env.reconcile()
+    assert env.store.receipts.get(second).state == "safe_to_retry"
+    runs = [(r.control, r.result) for r in env.store.controls.history()]
+    assert runs == [("positive", "passed"), ("positive", how), ("negative", "passed")]  # the passed negative kept
