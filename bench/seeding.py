@@ -26,7 +26,11 @@ UNDURABLE_SESSION = {
     "postgresql": ("SET synchronous_commit = off",),
 }
 # What autovacuum would have done on a database with that history.
-AFTER_SEEDING = {"sqlite": (), "postgresql": ("ANALYZE receipts", "ANALYZE receipt_transitions")}
+AFTER_SEEDING = {
+    "sqlite": (),
+    # the proxy's own receipts are numbered after the seeded ones (journal/statements.py, NEXT_SEQ)
+    "postgresql": ("ANALYZE receipts", "ANALYZE receipt_transitions", "SELECT setval('receipts_seq', (SELECT MAX(seq) FROM receipts))"),
+}
 
 Row = dict[str, Any]
 
@@ -117,6 +121,7 @@ def seed_rows(numbers: range, n: int, upstream_port: int, now: datetime) -> list
                 "request_body_size": len(body),
                 "response_headers": RESPONSE_HEADERS,
                 "response_body": b'{"id":%d}' % g,
+                "seq": g + 1,  # the journal's order (store/tables.py): the oldest first
             }
         )
     return receipts

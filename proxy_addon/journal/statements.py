@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Dialect, Table
 
 from proxy_addon.rules.records import APPROVAL_FIELDS, INTENT_FIELDS, RECEIPT_FIELDS
-from proxy_addon.rules.states import INVALIDATING_METHODS, NOT_HAPPENED_STATES, OPEN_STATES, ApprovalState, State
-from proxy_addon.store.tables import Approval, Receipt, ReceiptTransition
+from proxy_addon.rules.states import OPEN_STATES, ApprovalState, State
+from proxy_addon.store.tables import INVALIDATING_PREDICATE, Approval, Receipt, ReceiptTransition
 
 _RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
 _TRANSITIONS: Table = ReceiptTransition.__table__  # type: ignore[assignment]
@@ -30,8 +30,8 @@ def _listed(values: Iterable[str]) -> str:
 
 
 _OPEN = _listed(s.value for s in OPEN_STATES)
-_NOT_HAPPENED = _listed(s.value for s in NOT_HAPPENED_STATES)
-_INVALIDATING = _listed(INVALIDATING_METHODS)
+# the partial index's predicate on `later` (its two column names qualified)
+_INVALIDATING_LATER = INVALIDATING_PREDICATE.replace(" AND state ", " AND later.state ")
 _SELECTED = ", ".join(f"r.{name}" for name in RECEIPT_FIELDS)
 
 # What stands in the way of a new receipt (writes.py, `blocker`), as conditions on `r`:
@@ -40,19 +40,20 @@ _KEY_MISMATCH_WHERE = "r.account = :account AND r.idempotency_key = :key AND r.i
 # the open receipt of the same intent;
 _OPEN_WHERE = f"r.account = :account AND r.intent_fingerprint = :fingerprint AND r.state IN ({_OPEN})"
 # or, when successes block (replay, refuse), the same intent's success since `since` that no later write to its
-# target has invalidated (rules/duplicates.py). "Later" is by the order the receipts were journaled in: their
-# creation rows' history ids, one sequence for every replica, which the replicas' clocks cannot reorder.
+# target has invalidated (rules/duplicates.py). "Later" is by the order the receipts were journaled in (`seq`,
+# drawn in the recording transaction: one order for every replica, which their clocks cannot change). The
+# writes that may invalidate are a partial index of their own (tables.py, INVALIDATING_PREDICATE, repeated here
+# word for word so that both databases use it), ordered by `seq` last: the newest one on the target is one probe
+# at the index's end, however many writes the account made. Asked as "the newest is not after the success", not
+# as NOT EXISTS: for an EXISTS, PostgreSQL expects to meet a match early and scans the table when most of the
+# account's writes are on the target, which reads all of it exactly when nothing invalidates (a replay).
 _OPEN_OR_SUCCEEDED_WHERE = f"""r.account = :account AND r.intent_fingerprint = :fingerprint
   AND (r.state IN ({_OPEN})
        OR (r.state = '{State.SUCCEEDED.value}' AND r.completed_at >= :since
-           AND NOT EXISTS (
-             SELECT 1 FROM receipts later, receipt_transitions later_created, receipt_transitions own_created
-             WHERE later.account = r.account AND later.host = r.host AND later.port = r.port
-               AND later.path = r.path AND later.scheme = r.scheme
-               AND later.method IN ({_INVALIDATING}) AND later.state NOT IN ({_NOT_HAPPENED})
-               AND later_created.operation_id = later.operation_id AND later_created.from_state IS NULL
-               AND own_created.operation_id = r.operation_id AND own_created.from_state IS NULL
-               AND later_created.id > own_created.id)))"""
+           AND COALESCE((
+             SELECT MAX(later.seq) FROM receipts later
+             WHERE later.account = r.account AND later.host = r.host AND later.path = r.path
+               AND later.port = r.port AND later.scheme = r.scheme AND later.{_INVALIDATING_LATER}), 0) <= r.seq))"""
 
 KEY_MISMATCH = f"SELECT {_SELECTED} FROM receipts r WHERE {_KEY_MISMATCH_WHERE} LIMIT 1"
 OPEN = f"SELECT {_SELECTED} FROM receipts r WHERE {_OPEN_WHERE} LIMIT 1"
@@ -64,10 +65,18 @@ OPEN_OR_SUCCEEDED = (  # an open receipt wins over a success, the latest success
 # A new receipt. Of two writers that decided at once (two proxies on one PostgreSQL), the second finds the
 # first's open receipt in the partial unique index and inserts nothing: it then reads it.
 RECEIPT_COLUMNS = (*INTENT_FIELDS, "state", "created_at", "updated_at", "submitted_at", "history_head")
-INSERT_RECEIPT = (
-    f"INSERT INTO receipts ({', '.join(RECEIPT_COLUMNS)}) "
-    f"VALUES ({', '.join(':' + c for c in RECEIPT_COLUMNS)}) ON CONFLICT DO NOTHING"
-)
+# `seq`, the journal's order, drawn by the statement itself (tables.py): a sequence, or SQLite's max + 1 under
+# its write lock (BEGIN IMMEDIATE: no other writer between the read and the insert; ix_receipts_seq makes the
+# max one index probe)
+NEXT_SEQ = {"postgresql": "nextval('receipts_seq')", "sqlite": "(SELECT COALESCE(MAX(seq), 0) + 1 FROM receipts)"}
+
+
+def insert_receipt(dialect: str) -> str:
+    return (
+        f"INSERT INTO receipts ({', '.join(RECEIPT_COLUMNS)}, seq) "
+        f"VALUES ({', '.join(':' + c for c in RECEIPT_COLUMNS)}, {NEXT_SEQ[dialect]}) ON CONFLICT DO NOTHING"
+    )
+
 
 TRANSITION_COLUMNS = ("operation_id", "from_state", "to_state", "recorded_at", "detail", "hash")
 INSERT_TRANSITION = (
@@ -182,6 +191,11 @@ class DriverStatements:
             self._sql[statement] = converted
         return converted
 
+    @property
+    def insert_receipt(self) -> str:
+        """A new receipt with its `seq` (INSERT ... ON CONFLICT DO NOTHING: the open-intent index may refuse it)."""
+        return self._rendered("insert_receipt", lambda: insert_receipt(self.name))
+
     def compare_and_set(self, columns: tuple[str, ...], owned: bool, headed: bool) -> str:
         return self._rendered(("cas", columns, owned, headed), lambda: compare_and_set(columns, owned, headed))
 
@@ -199,7 +213,7 @@ class DriverStatements:
                 blocked.insert(0, f"EXISTS (SELECT 1 FROM receipts r WHERE {_KEY_MISMATCH_WHERE})")
             values = ", ".join(f"CAST(:{c} AS {self._types[c]})" for c in RECEIPT_COLUMNS)
             return (
-                f"WITH receipt AS (INSERT INTO receipts ({', '.join(RECEIPT_COLUMNS)}) SELECT {values} "
+                f"WITH receipt AS (INSERT INTO receipts ({', '.join(RECEIPT_COLUMNS)}, seq) SELECT {values}, {NEXT_SEQ['postgresql']} "
                 f"WHERE NOT ({' OR '.join(blocked)}) ON CONFLICT DO NOTHING RETURNING operation_id) "
                 f"{_history_of_new(submitted)}"
             )

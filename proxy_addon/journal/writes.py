@@ -298,7 +298,7 @@ class JournalWrites(ABC):
         """The receipt and its history rows, statement by statement; its history head, or None when the open-intent
         index refused the receipt (a concurrent writer's open one: nothing written)."""
         row, history = _new_rows(new, approval_id)
-        if self._execute(sql.INSERT_RECEIPT, row).rowcount != 1:
+        if self._run(self.sql.insert_receipt, row).rowcount != 1:
             return None
         for history_row in history:
             self._execute(sql.INSERT_TRANSITION, history_row)

@@ -23,7 +23,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from proxy_addon.rules.states import OPEN_STATES, ApprovalState, ControlKind, ControlResult, RefusalReason, State
+from proxy_addon.rules.states import (
+    INVALIDATING_METHODS,
+    NOT_HAPPENED_STATES,
+    OPEN_STATES,
+    ApprovalState,
+    ControlKind,
+    ControlResult,
+    RefusalReason,
+    State,
+)
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -62,6 +71,12 @@ HASH_LENGTH = 71  # "sha256:" and 64 hex digits
 _STATE_LIST = ", ".join(f"'{s.value}'" for s in State)
 _OPEN_LIST = ", ".join(f"'{s.value}'" for s in sorted(OPEN_STATES))
 OPEN_STATE_PREDICATE = f"state IN ({_OPEN_LIST})"
+# A write that may have changed its target: an invalidating method, not known not to have happened. The
+# statements that ask it repeat this text exactly, so that both databases use the partial index it defines.
+INVALIDATING_PREDICATE = (
+    f"method IN ({', '.join(repr(m) for m in sorted(INVALIDATING_METHODS))}) "
+    f"AND state NOT IN ({', '.join(repr(s.value) for s in sorted(NOT_HAPPENED_STATES))})"
+)
 
 
 class Receipt(Base):
@@ -110,6 +125,10 @@ class Receipt(Base):
     # the hash of its last history row (audit/chain.py): the compare-and-set of every step includes it, so
     # each history row is chained to the one before it without reading it first
     history_head: Mapped[str | None] = mapped_column(String(HASH_LENGTH))
+    # the order receipts were journaled in, drawn inside the recording transaction (a PostgreSQL sequence,
+    # SQLite's max + 1 under its write lock): which of two writes to a target is the later one, whatever the
+    # replicas' clocks say; and the newest-first order of every list (keyset pages)
+    seq: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
 
     __table_args__ = (
         CheckConstraint(f"state IN ({_STATE_LIST})", name="state"),
@@ -121,8 +140,20 @@ class Receipt(Base):
         Index("ix_receipts_account_fingerprint_completed", "account", "intent_fingerprint", "completed_at"),
         Index("ix_receipts_state_next_attempt", "state", "next_attempt_at"),
         Index("ix_receipts_proxy_instance_state", "proxy_instance", "state"),
-        # the later writes to a target that end its successes' replay window (journal/statements.py)
-        Index("ix_receipts_account_target", "account", "host", "port", "path"),
+        Index("ix_receipts_seq", "seq", unique=True),
+        # The writes that may end the replay window of earlier successes on their target (journal/statements.py):
+        # only these, so that the question costs an index probe however many other writes the account made.
+        Index(
+            "ix_receipts_invalidating",
+            "account",
+            "host",
+            "path",
+            "port",
+            "scheme",
+            "seq",
+            sqlite_where=text(INVALIDATING_PREDICATE),
+            postgresql_where=text(INVALIDATING_PREDICATE),
+        ),
         # No open duplicate: at most one open receipt per (account, fingerprint), enforced by the database
         # itself, so that two proxies sharing it can never both forward the same open intent.
         Index(
