@@ -25,6 +25,7 @@ from proxy_addon.rules.redaction import SecretFields, SecretHeaders
 from proxy_addon.rules.states import RESOLUTION_STATES, ApprovalState
 from proxy_addon.store import ReceiptStore
 from proxy_addon.units import parse_duration
+from proxy_addon.views import terminal
 from proxy_addon.views.approvals import LIST_COLUMNS as APPROVAL_COLUMNS
 from proxy_addon.views.approvals import approval_document, approval_view
 from proxy_addon.views.documents import (
@@ -262,11 +263,17 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     store = _store(args)
-    deleted = store.retention.prune(timedelta(seconds=parse_duration(args.older_than)))
+    older_than = timedelta(seconds=parse_duration(args.older_than))
+    with terminal.progress_bar("pruning receipts", enabled=not args.json) as progress:
+        pruned = store.retention.prune(older_than, progress)
     if args.json:
-        print_json({"deleted": deleted})
+        print_json({"deleted": pruned.receipts, **pruned.as_dict()})
     else:
-        print(f"deleted {deleted} terminal receipts completed more than {args.older_than} ago")
+        print(
+            f"deleted {pruned.receipts} terminal receipts completed more than {args.older_than} ago, in {pruned.batches} "
+            f"batches; {pruned.refusals} duplicate refusals, {pruned.approvals} decided approvals and "
+            f"{pruned.control_runs} verifier control runs older than that"
+        )
     return EXIT_OK
 
 

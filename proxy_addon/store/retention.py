@@ -1,14 +1,62 @@
-"""What the journal holds as a whole: counts for `receipts stats` and the metrics, and pruning old receipts."""
+"""What the journal holds as a whole: its counts (`receipts stats`, the metrics, the review page), and pruning.
 
-from datetime import UTC, timedelta
+Counts are read from `receipt_counts`, which the database keeps in the same transaction as every change of
+`receipts` (migration 0008): summing a few rows per host and state, not counting the history. The rows the
+triggers add are folded together now and then (`fold_counts`: by the proxy's heartbeat and after each batch
+of a prune), so that the sum stays a few rows per host and state.
 
-from sqlalchemy import and_, delete, func, select
+Pruning goes in small batches, each its own short transaction (BATCH receipts, or fewer), so that the journal's
+writers wait for one batch at most (on SQLite, one writer at a time: a prune of a year in one transaction held
+the write lock for 40 s): resumable (each batch committed is done), each receipt recorded as pruned with its
+history head in its batch (store/audit.py), and the other tables pruned by their own age.
+"""
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Column, ColumnElement, Connection, Table, and_, delete, func, insert, select
 
 from proxy_addon.rules.records import JournalStats, utcnow
-from proxy_addon.rules.states import OPEN_STATES, TERMINAL_STATES, State
+from proxy_addon.rules.states import OPEN_STATES, TERMINAL_STATES, ApprovalState, State
 from proxy_addon.store.audit import record_pruned
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import receipts, transitions
+from proxy_addon.store.tables import Approval, DuplicateRefusal, ReceiptCount, VerifierControl
+
+BATCH = 500  # receipts per prune transaction (a few ms to tens of ms: see docs/performance.md, "Prune")
+PAUSE = 0.01  # seconds between two batches: the journal's writers go first
+_counts: Table = ReceiptCount.__table__  # type: ignore[assignment]
+_refusals: Table = DuplicateRefusal.__table__  # type: ignore[assignment]
+_approvals: Table = Approval.__table__  # type: ignore[assignment]
+_controls: Table = VerifierControl.__table__  # type: ignore[assignment]
+_DECIDED = [ApprovalState.DENIED.value, ApprovalState.USED.value, ApprovalState.EXPIRED.value]
+_CONTROL_KEY = ("host", "port", "operation", "account", "rule", "control")
+
+
+@dataclass
+class Pruned:
+    """What a prune deleted, by table."""
+
+    receipts: int = 0
+    refusals: int = 0
+    approvals: int = 0
+    control_runs: int = 0
+    batches: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "receipts": self.receipts,
+            "duplicate_refusals": self.refusals,
+            "approvals": self.approvals,
+            "verifier_controls": self.control_runs,
+            "batches": self.batches,
+        }
+
+
+Progress = Callable[[int, int], None]  # receipts pruned so far, receipts to prune in all (as counted at the start)
 
 
 class Retention:
@@ -16,10 +64,10 @@ class Retention:
         self.db = db
 
     def stats(self) -> JournalStats:
-        """Counts per state and per host and state, and the age of the oldest open receipt."""
+        """Counts per state and per host and state, and the age of the oldest open receipt (its index)."""
         with self.db.storage_errors(), self.db.reading() as conn:
             rows = conn.execute(
-                select(receipts.c.host, receipts.c.state, func.count()).group_by(receipts.c.host, receipts.c.state)
+                select(_counts.c.host, _counts.c.state, func.sum(_counts.c.n)).group_by(_counts.c.host, _counts.c.state)
             ).all()
             oldest = conn.execute(
                 select(func.min(receipts.c.created_at)).where(receipts.c.state.in_([s.value for s in OPEN_STATES]))
@@ -27,19 +75,99 @@ class Retention:
         by_state: dict[str, int] = {s.value: 0 for s in State}
         by_host: dict[str, dict[str, int]] = {}
         for host, state, count in rows:
-            by_state[state] += count
-            by_host.setdefault(host, {})[state] = count
+            if not count:
+                continue
+            by_state[state] += int(count)
+            by_host.setdefault(host, {})[state] = int(count)
         if oldest is not None and oldest.tzinfo is None:
             oldest = oldest.replace(tzinfo=UTC)
         age = (utcnow() - oldest).total_seconds() if oldest is not None else None
         return JournalStats(by_state, by_host, age)
 
-    def prune(self, older_than: timedelta) -> int:
-        """Delete terminal receipts completed before `now - older_than`, with their history. Never an open one.
-        Each is recorded as pruned, with its history head, in the same transaction (store/audit.py)."""
-        cutoff = utcnow() - older_than
-        old_terminal = and_(receipts.c.state.in_([s.value for s in TERMINAL_STATES]), receipts.c.completed_at < cutoff)
+    def fold_counts(self) -> int:
+        """Fold the count rows into one per host and state; how many rows there were."""
         with self.db.writing() as conn:
-            record_pruned(conn, old_terminal)
-            conn.execute(delete(transitions).where(transitions.c.operation_id.in_(select(receipts.c.operation_id).where(old_terminal))))
-            return conn.execute(delete(receipts).where(old_terminal)).rowcount or 0
+            return _fold(conn)
+
+    def prune(self, older_than: timedelta, progress: Progress | None = None, pause: float = PAUSE) -> Pruned:
+        """Delete terminal receipts completed before `now - older_than`, with their history (never an open one),
+        BATCH at a time, each batch recorded as pruned (store/audit.py) in its own transaction; then the
+        duplicate refusals, decided approvals and verifier control runs older than that (each rule's newest
+        control run is kept: it is what its health shows). `progress(done, total)` after each batch."""
+        cutoff = utcnow() - older_than
+        pruned = Pruned()
+        total = self._count_old(cutoff)
+        for deleted in self._batches(cutoff, pause):
+            pruned.receipts += deleted
+            pruned.batches += 1
+            if progress is not None:
+                progress(pruned.receipts, max(total, pruned.receipts))
+        pruned.refusals = self._prune_by_age(_refusals, _refusals.c.refused_at < cutoff, pause)
+        decided = and_(_approvals.c.state.in_(_DECIDED), _approvals.c.requested_at < cutoff)
+        pruned.approvals = self._prune_by_age(_approvals, decided, pause, key=_approvals.c.approval_id)
+        pruned.control_runs = self._prune_by_age(_controls, self._old_control_runs(cutoff), pause)
+        self.fold_counts()
+        return pruned
+
+    def _count_old(self, cutoff: datetime) -> int:
+        with self.db.storage_errors(), self.db.reading() as conn:
+            return int(conn.execute(select(func.count()).where(_old_terminal(cutoff))).scalar_one())
+
+    def _batches(self, cutoff: datetime, pause: float) -> Iterator[int]:
+        """Delete the old terminal receipts BATCH at a time (the oldest first); each batch's count."""
+        while True:
+            with self.db.writing() as conn:
+                ids = select(receipts.c.operation_id).where(_old_terminal(cutoff)).order_by(receipts.c.completed_at).limit(BATCH)
+                chosen = list(conn.execute(ids).scalars())
+                if not chosen:
+                    return
+                batch = receipts.c.operation_id.in_(chosen)
+                record_pruned(conn, batch)
+                conn.execute(delete(transitions).where(transitions.c.operation_id.in_(chosen)))
+                deleted = conn.execute(delete(receipts).where(batch)).rowcount or 0
+                _fold(conn)
+            yield deleted
+            time.sleep(pause)
+
+    def _prune_by_age(self, table: Table, which: ColumnElement[bool], pause: float, key: Column[Any] | None = None) -> int:
+        """Delete the rows of `table` that `which` selects, BATCH at a time by their key; how many."""
+        key = table.c.id if key is None else key
+        deleted = 0
+        while True:
+            with self.db.writing() as conn:
+                chosen = list(conn.execute(select(key).where(which).limit(BATCH)).scalars())
+                if not chosen:
+                    return deleted
+                deleted += conn.execute(delete(table).where(key.in_(chosen))).rowcount or 0
+            time.sleep(pause)
+
+    @staticmethod
+    def _old_control_runs(cutoff: datetime) -> ColumnElement[bool]:
+        """Control runs checked before `cutoff`, less each rule and control's newest run."""
+        key = [_controls.c[name] for name in _CONTROL_KEY]
+        newest = select(func.max(_controls.c.id)).group_by(*key)
+        return and_(_controls.c.checked_at < cutoff, _controls.c.id.not_in(newest))
+
+
+def _old_terminal(cutoff: datetime) -> ColumnElement[bool]:
+    return and_(receipts.c.completed_at < cutoff, receipts.c.state.in_([s.value for s in TERMINAL_STATES]))
+
+
+def _fold(conn: Connection) -> int:
+    """The count rows so far summed into one per host and state (zero sums dropped), in the caller's transaction.
+    On PostgreSQL one statement: what it sums is exactly what it deletes, whatever other writers add meanwhile."""
+    if conn.dialect.name == "postgresql":
+        folded = conn.exec_driver_sql(
+            "WITH gone AS (DELETE FROM receipt_counts RETURNING host, state, n), "
+            "summed AS (INSERT INTO receipt_counts (host, state, n) "
+            "SELECT host, state, SUM(n) FROM gone GROUP BY host, state HAVING SUM(n) <> 0 RETURNING 1) "
+            "SELECT (SELECT COUNT(*) FROM gone)"
+        )
+        return int(folded.scalar_one())
+    rows = conn.execute(select(_counts.c.host, _counts.c.state, func.sum(_counts.c.n), func.count()).group_by(_counts.c.host, _counts.c.state)).all()
+    conn.execute(delete(_counts))  # SQLite: one writer at a time, so nothing was added since the read above
+    summed = [{"host": host, "state": state, "n": int(n)} for host, state, n, _ in rows if n]
+    if summed:
+        conn.execute(insert(_counts), summed)
+    return sum(int(c) for *_, c in rows)
+

@@ -141,6 +141,7 @@ class Receipt(Base):
         Index("ix_receipts_state_next_attempt", "state", "next_attempt_at"),
         Index("ix_receipts_proxy_instance_state", "proxy_instance", "state"),
         Index("ix_receipts_seq", "seq", unique=True),
+        Index("ix_receipts_completed_at", "completed_at"),  # prune and retention, the oldest first
         # The writes that may end the replay window of earlier successes on their target (journal/statements.py):
         # only these, so that the question costs an index probe however many other writes the account made.
         Index(
@@ -184,6 +185,21 @@ class ReceiptTransition(Base):
     hash: Mapped[str | None] = mapped_column(String(HASH_LENGTH))
 
     __table_args__ = (Index("ix_receipt_transitions_operation_id", "operation_id", "id"),)
+
+
+class ReceiptCount(Base):
+    """How many receipts each host has in each state, kept by the database itself (migration 0008's triggers on
+    `receipts`: one row `+1` for the state entered, `-1` for the state left, in the same transaction as the
+    change, whoever makes it), so that the counts are read without reading the history. Rows are summed by
+    (host, state), and folded together now and then (store/retention.py, `fold_counts`): inserts only on the
+    write path, so that two writers never wait on one counter row."""
+
+    __tablename__ = "receipt_counts"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    host: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(20))
+    n: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
 
 
 class ProxyInstance(Base):

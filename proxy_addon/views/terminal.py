@@ -2,7 +2,8 @@
 terminal escape), JSON documents, ages, and a journaled exchange (request or answer) with its body folded."""
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,6 +54,21 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], lin
         rich_table.add_row(*(Text(cell) for cell in row))  # Text: a `[bold]` in a path or a body is not markup
     # a terminal's own width; piped output (grep, less, a file) as wide as the table needs
     console().print(rich_table)
+
+
+@contextmanager
+def progress_bar(what: str, enabled: bool = True) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on a terminal (stderr), advanced by the callback it yields (`done`, `total`); nothing when
+    not a terminal or not `enabled` (a script reading --json)."""
+    if not enabled or not sys.stderr.isatty():
+        yield lambda done, total: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(what, total=None)
+        yield lambda done, total: progress.update(task, completed=done, total=total)
 
 
 def console() -> Any:

@@ -14,6 +14,7 @@
    `to_state` is the receipt's state; terminal receipts have `completed_at`; no history row without its receipt.
 5. Every history's audit chain holds (audit/verify.py, `check_chain`): whatever crashed, stalled or raced,
    every row was hashed and chained by the one write path, and each receipt's head is its last row's hash.
+7. The counts the database keeps (`receipt_counts`, summed by host and state) are the receipts' own counts.
 6. The journal never contradicts what an agent was told (`Told`: an answer's own X-Receipt-Id and
    X-Receipt-State, not a refusal naming another receipt): told `succeeded` or `rejected`, the receipt ends in
    that state (never `safe_to_retry`, `manual_review` or `outcome_unknown` for a told success); told
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from support.e2e import VERDICT_WAIT, read_until
 from support.recording_upstream import Reception
 
@@ -39,7 +40,7 @@ from proxy_addon.audit.chain import Chain, Identity
 from proxy_addon.audit.verify import check_chain
 from proxy_addon.db import make_engine
 from proxy_addon.rules.states import TERMINAL_STATES, State, is_allowed
-from proxy_addon.store.tables import Receipt, ReceiptTransition
+from proxy_addon.store.tables import Receipt, ReceiptCount, ReceiptTransition
 
 RETRYABLE_TERMINAL = frozenset({State.REJECTED.value, State.SAFE_TO_RETRY.value})
 UNSETTLED = frozenset({State.PLANNED.value, State.SUBMITTED.value})
@@ -86,6 +87,7 @@ class Journal:
 
     receipts: dict[str, dict[str, Any]]
     history: dict[str, list[dict[str, Any]]]
+    counts: dict[tuple[str, str], int] | None = None  # receipt_counts summed, zeros left out (None: not read)
 
     def tag_of(self, operation_id: str) -> str | None:
         return _tag(self.receipts[operation_id].get("request_body"))
@@ -132,9 +134,12 @@ def read_journal(database_url: str) -> Journal:
             t = ReceiptTransition.__table__
             for row in conn.execute(select(t).order_by(t.c.id)):
                 history[row.operation_id].append(dict(row._mapping))
+            c = ReceiptCount.__table__
+            summed = conn.execute(select(c.c.host, c.c.state, func.sum(c.c.n)).group_by(c.c.host, c.c.state))
+            counts = {(host, state): int(n) for host, state, n in summed if n}
     finally:
         engine.dispose()
-    return Journal(receipts, dict(history))
+    return Journal(receipts, dict(history), counts)
 
 
 def _tag(body: bytes | None) -> str | None:
@@ -175,6 +180,7 @@ class Findings:
     half_written: list[str] = field(default_factory=list)
     broken_chains: list[str] = field(default_factory=list)
     contradictions: list[str] = field(default_factory=list)
+    miscounted: list[str] = field(default_factory=list)
 
     @property
     def problems(self) -> list[str]:
@@ -185,6 +191,7 @@ class Findings:
             + [f"half-written: {x}" for x in self.half_written]
             + [f"audit chain: {x}" for x in self.broken_chains]
             + [f"contradicts its answer: {x}" for x in self.contradictions]
+            + [f"counts: {x}" for x in self.miscounted]
         )
 
 
@@ -285,7 +292,23 @@ def find_violations(
         found.half_written.append(f"history rows for {op}, which has no receipt")
     found.broken_chains += chains_broken(journal)
     found.contradictions += [c for c in (contradiction(journal, t) for t in told) if c is not None]
+    found.miscounted += miscounted(journal)
     return found
+
+
+def miscounted(journal: Journal) -> list[str]:
+    """7. Where the kept counts differ from count(*) by host and state."""
+    if journal.counts is None:
+        return []
+    kept = journal.counts
+    actual: dict[tuple[str, str], int] = defaultdict(int)
+    for receipt in journal.receipts.values():
+        actual[(receipt["host"], receipt["state"])] += 1
+    return [
+        f"{host} {state}: kept {kept.get((host, state), 0)}, counted {actual.get((host, state), 0)}"
+        for host, state in sorted(set(actual) | set(kept))
+        if kept.get((host, state), 0) != actual.get((host, state), 0)
+    ]
 
 
 def chains_broken(journal: Journal) -> list[str]:

@@ -104,16 +104,21 @@ def test_prune_deletes_exactly_the_old_terminal_receipts(store):
     refusal = store.refusals.record("duplicate_succeeded_refuse", victim.operation_id,
                                     intent(fingerprint="sha256:" + "0" * 64, path="/x"))
 
-    counts = [check_prune(store, made, d, store.retention.prune) for d in
-              (timedelta(days=30), timedelta(days=30), timedelta(days=7), timedelta(days=1), HOUR, timedelta(0))]
+    def refusal_kept() -> bool:
+        with store.engine.connect() as c:
+            return c.execute(select(func.count()).select_from(refusals).where(refusals.c.id == refusal.id)).scalar_one() == 1
+
+    counts = [check_prune(store, made, d, lambda d: store.retention.prune(d).receipts) for d in
+              (timedelta(days=30), timedelta(days=30), timedelta(days=7), timedelta(days=1), HOUR)]
+    assert refusal_kept()  # what was refused because of a pruned receipt is kept by its own age
+    counts.append(check_prune(store, made, timedelta(0), lambda d: store.retention.prune(d).receipts))
+    assert not refusal_kept()  # and pruned by it
 
     terminal = len(TERMINAL_STATES)
     assert counts == [terminal, 0, terminal, terminal, terminal, terminal]
     left = remaining(store)
     assert left == {m.operation_id for m in made if m.state in OPEN_STATES or m.completed_at is None}
     assert len(left) == len(OPEN_STATES) * len(AGES) + terminal
-    with store.engine.connect() as c:  # what was refused because of a pruned receipt is still on record
-        assert c.execute(select(func.count()).select_from(refusals).where(refusals.c.id == refusal.id)).scalar_one() == 1
 
 
 @pytest.fixture
@@ -181,5 +186,5 @@ def test_prune_matches_the_oracle_for_any_mix(store, specs, prunes, half):
         for state, done, made_h in specs
     ]
     for h in prunes:
-        check_prune(store, made, timedelta(hours=h, minutes=10), store.retention.prune)
+        check_prune(store, made, timedelta(hours=h, minutes=10), lambda d: store.retention.prune(d).receipts)
     assert {m.operation_id for m in made if m.state in OPEN_STATES} <= remaining(store)

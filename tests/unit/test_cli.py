@@ -150,7 +150,9 @@ def test_prune_never_deletes_open_receipts(cli, cli_store):
         old = utcnow() - timedelta(days=40)
         conn.execute(update(receipts).values(created_at=old, completed_at=old))
     code, out, _ = cli("prune", "--older-than", "30d", "--json")
-    assert code == 0 and json.loads(out) == {"deleted": 1}
+    document = json.loads(out)
+    assert code == 0 and document == {"deleted": 1, "receipts": 1, "duplicate_refusals": 0, "approvals": 0,
+                                      "verifier_controls": 0, "batches": 1}
     assert [r.operation_id for r in cli_store.receipts.list()] == [still_open.operation_id]
     assert cli_store.receipts.history(done.operation_id) == []
 

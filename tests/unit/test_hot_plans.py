@@ -33,7 +33,7 @@ REPLAY = successes_block_for(AfterSuccess())
 JIT_ABOVE_COST = 100_000  # PostgreSQL's default jit_above_cost
 SQLITE_STEPS = 20_000  # VM steps per statement: a probe takes hundreds; reading the history, millions
 PG_BLOCKS = 200  # buffer blocks per statement (hit or read): a probe touches tens; reading the history, hundreds
-TABLES = {"receipts", "receipt_transitions", "approvals"}
+TABLES = {"receipts", "receipt_transitions", "approvals", "receipt_counts"}
 
 
 def seed(url: str) -> dict[str, str]:

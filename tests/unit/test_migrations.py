@@ -16,7 +16,7 @@ from proxy_addon.exceptions import JournalUnavailableError, SchemaNotMigratedErr
 from proxy_addon.store.tables import Base
 
 TABLES = {"receipts", "receipt_transitions", "proxy_instances", "duplicate_refusals", "verifier_controls", "audit_checkpoints",
-          "audit_events", "approvals"}
+          "audit_events", "approvals", "receipt_counts"}
 
 
 def schema_diff(url: str) -> list:

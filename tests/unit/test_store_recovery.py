@@ -94,14 +94,14 @@ def test_prune_deletes_only_old_terminal_receipts(store):
         c.execute(update(receipts).where(receipts.c.operation_id.in_(kept[1:])).values(completed_at=old))
     kept_history = {op: store.receipts.history(op) for op in kept}
 
-    assert store.retention.prune(timedelta(days=1)) == len(doomed)
+    assert store.retention.prune(timedelta(days=1)).receipts == len(doomed)
 
     for op in doomed:
         with pytest.raises(ReceiptNotFoundError):
             store.receipts.get(op)
         assert count(store, transitions, transitions.c.operation_id == op) == 0
     assert {op: store.receipts.history(op) for op in kept} == kept_history
-    assert store.retention.prune(timedelta(days=1)) == 0
+    assert store.retention.prune(timedelta(days=1)).receipts == 0
 
 
 def test_read_only_sqlite_fails_closed(sqlite_url):
