@@ -1,7 +1,7 @@
 """The receipts mitmproxy addons: a durable receipt before every write goes upstream.
 
 Load them with `receipts proxy`, or into a plain mitmproxy:
-    mitmdump -s proxy_addon/addons/receipts.py --set receipts_config=config.yaml
+    mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
 (request/handler.py). Beside it, each in its module of this package and each its own concern: `Admission`
