@@ -16,10 +16,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
+from proxy_addon import __version__
 from proxy_addon.agent_env import CA_CERT_NAME, exports
 from proxy_addon.config import ReceiptsConfig, admin_settings, load_config
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
+from proxy_addon.resources import ADDON_SCRIPT, EXAMPLE_CONFIG
 from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.rules.redaction import SecretFields, SecretHeaders
 from proxy_addon.rules.states import RESOLUTION_STATES, ApprovalState
@@ -65,6 +67,24 @@ def _store_at(url: str) -> ReceiptStore:
 
 
 # -- commands -----------------------------------------------------------------------------------------------
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Writes the default config where `--config` says: an install has no repository to copy config.yaml from.
+    Never over a file that exists (its database and secret may be in use) unless `--force` says so."""
+    target = Path(args.config)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "w" if args.force else "x", encoding="utf-8") as out:
+            out.write(EXAMPLE_CONFIG.read_text(encoding="utf-8"))
+    except FileExistsError:
+        raise ReceiptsError(f"{target} exists: not overwritten (--force replaces it)") from None
+    except OSError as e:
+        raise ReceiptsError(f"cannot write {target}: {e.strerror or e}") from e
+    print(f"wrote {target}: the default config, each key explained in it")
+    print(f"next: receipts db upgrade --config {target} && receipts proxy --config {target}")
+    print(f"a plain mitmproxy loads the addon with: mitmdump -s {ADDON_SCRIPT} --set receipts_config={target.absolute()}")
+    return EXIT_OK
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -417,6 +437,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="receipts", description="Durable receipts for the writes AI agents make over HTTP.")
+    parser.add_argument("--version", action="version", version=f"receipts {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def command(name: str, handler: Callable[[argparse.Namespace], int], help: str, parent: Any = sub) -> Any:
@@ -424,6 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", default="config.yaml", help="config file (default ./config.yaml)")
         p.set_defaults(handler=handler)
         return p
+
+    p = command("init", cmd_init, "write the default config to --config (every key explained in it), to edit")
+    p.add_argument("--force", action="store_true", help="replace a file that is there")
 
     db = sub.add_parser("db", help="database schema")
     db_sub = db.add_subparsers(dest="db_command", required=True, parser_class=_Parser)

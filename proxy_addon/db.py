@@ -14,13 +14,13 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from proxy_addon.exceptions import DatabaseURLError, JournalUnavailableError, SchemaNotMigratedError
+from proxy_addon.resources import MIGRATIONS_DIR
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
 
 DATABASE_URL_ENV = "RECEIPTS_DATABASE_URL"
 DEFAULT_DATABASE_URL = "sqlite:///receipts.db"
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 10_000
 SQLITE_READONLY = 8  # primary result code; the extended SQLITE_READONLY_* codes share its low byte
 # A transaction of ours never waits on the client between statements for more than a few milliseconds.

@@ -9,6 +9,7 @@ by its pid; elsewhere, after `instance_dead_after` without a heartbeat (database
 import asyncio
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -61,9 +62,24 @@ class InstanceLiveness:
         self.heartbeat_interval = heartbeat_interval
         self.dead_after = dead_after
         self.hostname = process_namespace()
+        self.beat_at: float | None = None  # time.monotonic() when the last heartbeat that committed began
 
     def register(self) -> None:
+        started = time.monotonic()
         self.store.instances.register(self.instance_id, self.hostname, os.getpid())
+        self.beat_at = started
+
+    def beat(self) -> None:
+        started = time.monotonic()
+        self.store.instances.heartbeat(self.instance_id)
+        self.beat_at = started
+
+    def taken_for_dead_soon(self) -> bool:
+        """Whether another instance may take this one for dead before a write sent now is done: its last heartbeat
+        began more than half of instance_dead_after ago (the process was frozen, or its heartbeats fail). A
+        write whose receipt may be recovered (made outcome_unknown, then settled by a read that finds nothing:
+        safe_to_retry) while it is being sent must not be sent."""
+        return self.beat_at is not None and time.monotonic() - self.beat_at > self.dead_after / 2
 
     def stop(self) -> None:
         self.store.instances.stop(self.instance_id)
@@ -112,7 +128,7 @@ class InstanceLiveness:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                await loop.run_in_executor(executor, self.store.instances.heartbeat, self.instance_id)
+                await loop.run_in_executor(executor, self.beat)
                 await loop.run_in_executor(executor, self.sweep)
                 if self.in_flight is not None:
                     await self.sweep_own_orphans(executor, self.in_flight)

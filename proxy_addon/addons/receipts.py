@@ -1,7 +1,7 @@
 """The receipts mitmproxy addons: a durable receipt before every write goes upstream.
 
 Load them with `receipts proxy`, or into a plain mitmproxy:
-    mitmdump -s proxy_addon/addons/receipts.py --set receipts_config=config.yaml
+    mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
 (request/handler.py). Beside it, each in its module of this package and each its own concern: `Admission`
@@ -66,6 +66,7 @@ class Receipts:
         self._failure: str | None = None
         # handlers replaced by a runtime change of the options, still finishing their requests and verdicts
         self._retired: set[WriteHandler] = set()
+        self.stalled: Callable[[], bool] = lambda: False  # the Heartbeat addon's, once it runs
 
     def load(self, loader: Any) -> None:
         scrub_standard_logging()  # mitmproxy's own lines too (a bad request line quotes the URL's userinfo)
@@ -128,7 +129,8 @@ class Receipts:
         if self.executor is None:
             self.executor = ThreadPoolExecutor(config.proxy.database_threads, thread_name_prefix="receipts-database")
         self.handler = WriteHandler(
-            config, self.store, self.journal, AccountHasher(key), _sender(), self.executor, self.instance_id
+            config, self.store, self.journal, AccountHasher(key), _sender(), self.executor, self.instance_id,
+            lambda: self.stalled(),
         )
 
     def _retire(self, handler: WriteHandler) -> None:

@@ -1,5 +1,6 @@
 """The state the addons share: what the Receipts addon has set up, as the others see it."""
 
+from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Protocol
 
@@ -26,6 +27,8 @@ class ReceiptsState(Protocol):
     def journal(self) -> JournalClient | None: ...
     @property
     def instance_id(self) -> str: ...
+
+    stalled: "Callable[[], bool]"  # whether a write must not be sent now (recovery.py, taken_for_dead_soon)
 
     def in_flight(self) -> frozenset[str]:
         """The operation ids this process is working on (the orphan sweep leaves them alone)."""

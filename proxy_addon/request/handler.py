@@ -82,9 +82,11 @@ class WriteHandler:
         sender: Sender,
         executor: Executor,
         instance_id: str,
+        stalled: Callable[[], bool] = lambda: False,
     ):
         self.config, self.store, self.journal, self.hasher = config, store, journal, hasher
         self.sender, self.executor, self.instance_id = sender, executor, instance_id
+        self.stalled = stalled  # this instance may be taken for dead before a write sent now is done (recovery.py)
         # operation ids this process is working on; its other planned/submitted receipts are orphans
         self.in_flight: set[str] = set()
         # the verdicts being committed (each receipt stays in in_flight until its verdict is written)
@@ -142,6 +144,8 @@ class WriteHandler:
         metrics.journaled(time.perf_counter() - started)
         if facts.client_gone():
             return await self._agent_left(operation_id, head)
+        if self.stalled():
+            return await self._stalled(operation_id, head)
 
         # structlog's bound_contextvars, without the copy of every context variable it makes to restore this one
         tokens = structlog.contextvars.bind_contextvars(operation_id=operation_id)
@@ -240,6 +244,26 @@ class WriteHandler:
         log.info("request_not_sent_agent_left", operation_id=operation_id)
         answer = answers.with_receipt(answers.not_sent(operation_id, "The agent disconnected"), operation_id, State.REJECTED.value)
         return Handled(answer, {"operation_id": operation_id, "state": State.REJECTED.value, "refused": "agent_left"})
+
+    async def _stalled(self, operation_id: str, head: str | None) -> Handled:
+        """This instance was frozen (or cut off from its heartbeat) long enough that another may recover its
+        receipts while a write is sent: not sent. Its receipt is closed as not sent if it is still `submitted`;
+        if a recovery took it already (`outcome_unknown`), the reconciler finds nothing and settles it so."""
+        closed = not_sent(self.instance_id, "the proxy stalled past half of instance_dead_after before it sent the request, so it was not sent")
+        state = State.REJECTED.value
+        try:
+            await self._advance(operation_id, closed.state, closed.detail, closed.updates, head)
+        except StaleStateError as e:
+            state = e.actual or State.OUTCOME_UNKNOWN.value
+        except ReceiptsError as e:
+            log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
+            state = State.SUBMITTED.value
+        log.warning("request_not_sent_proxy_stalled", operation_id=operation_id, state=state)
+        if state == State.REJECTED.value:
+            answer = answers.not_sent(operation_id, "The proxy stalled before it sent the request")
+        else:
+            answer = answers.outcome_unknown(operation_id, "The proxy stalled before it sent the request and another instance took its receipt over; it is settled by reading the upstream", None, state)
+        return Handled(answers.with_receipt(answer, operation_id, state), {"operation_id": operation_id, "state": state, "refused": "stalled"})
 
     def _abandon_unsent(self, operation_id: str) -> None:
         """The writer died before it answered: the receipt may have been committed, and the request will not be

@@ -102,7 +102,7 @@ def test_mitmdump_with_the_addon_script_journals_a_post(sqlite_url, upstream, tm
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [str(MITMDUMP), "-q", "--listen-host", "127.0.0.1", "-p", str(port),
-             "--set", f"confdir={tmp_path / 'confdir'}", "-s", str(REPO / "proxy_addon" / "addons/receipts.py"),
+             "--set", f"confdir={tmp_path / 'confdir'}", "-s", str(REPO / "proxy_addon" / "addon.py"),
              "--set", f"receipts_config={config}"],
             stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path),
             env={**os.environ, "RECEIPTS_DATABASE_URL": sqlite_url},

@@ -195,3 +195,31 @@ def test_a_handler_replaced_at_run_time_finishes_its_writes_which_the_heartbeat_
         time.sleep(0.01)
     assert addon.store.receipts.get(op_of(old_write)).state == "succeeded"
     assert addon.store.receipts.get(op_of(new_write)).state == "succeeded"
+
+
+@pytest.mark.parametrize("recovered_first", [False, True])
+def test_a_proxy_that_stalled_past_half_of_dead_after_does_not_send(journal, recovered_first):
+    """Frozen (SIGSTOP, a paused VM) between its receipt and its send, long enough that a replica may recover that
+    receipt (outcome_unknown, then a read that finds nothing: safe_to_retry): sent after waking, the write would
+    reach the upstream while the journal says a retry is safe. So it is not sent: its receipt is closed as not
+    sent, or, when a recovery took it first, left to the reconciler, and the agent is told which."""
+    run, addon, sender = journal(created())
+    f = post()
+
+    def stalled() -> bool:
+        assert addon.store is not None
+        if recovered_first:
+            [mine] = addon.store.receipts.list(states=["submitted"], limit=None)
+            addon.store.receipts.transition(mine.operation_id, "submitted", "outcome_unknown",
+                                            {"who": "replica", "error": "proxy_interrupted"}, error_code="proxy_interrupted")
+        return True
+
+    async def script(addon: Receipts) -> None:
+        addon.stalled = stalled
+        await addon.request(f)
+
+    run(f, script=script)
+    assert sender.sent == []
+    state = "outcome_unknown" if recovered_first else "rejected"
+    assert (f.response.status_code, f.response.headers["X-Receipt-State"]) == (504 if recovered_first else 502, state)
+    assert states(addon, op_of(f))[-1] == state

@@ -12,7 +12,9 @@ from sqlalchemy import update
 from support.proxy import REPO
 from support.store import intent, recorded, walk
 
+from proxy_addon import __version__, resources
 from proxy_addon.cli import main
+from proxy_addon.config import load_config
 from proxy_addon.db import make_engine
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import State
@@ -195,6 +197,33 @@ def test_unmigrated_database_is_refused(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RECEIPTS_DATABASE_URL", f"sqlite:///{tmp_path / 'empty.db'}")
     code = main(["ls", "--config", str(config)])
     assert code == 1 and "receipts db upgrade" in capsys.readouterr().err
+
+
+def test_init_writes_the_default_config_and_never_over_a_file(tmp_path, capsys):
+    """`receipts init`: how an install, with no repository beside it, gets the repository's config.yaml."""
+    target = tmp_path / "etc" / "receipts" / "config.yaml"
+    assert main(["init", "--config", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert target.read_text() == (REPO / "config.yaml").read_text()
+    assert f"receipts db upgrade --config {target}" in out and f"mitmdump -s {resources.ADDON_SCRIPT}" in out
+    assert load_config(target).database.url == f"sqlite:///{target.parent / 'receipts.db'}"
+    target.write_text("database: {url: 'sqlite:///mine.db'}\n")
+    assert main(["init", "--config", str(target)]) == 1
+    assert "--force" in capsys.readouterr().err and "mine.db" in target.read_text()
+    assert main(["init", "--config", str(target), "--force"]) == 0
+    assert target.read_text() == (REPO / "config.yaml").read_text()
+
+
+def test_a_checkout_reads_its_migrations_and_default_config_from_the_repository():
+    """An install has them inside the package (tests/e2e/test_wheel_install.py); a checkout, at its top."""
+    assert (resources.MIGRATIONS_DIR, resources.EXAMPLE_CONFIG) == (REPO / "migrations", REPO / "config.yaml")
+    assert resources.ADDON_SCRIPT.is_file()
+
+
+def test_version_is_the_package_s(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"receipts {__version__}\n"
 
 
 def test_db_upgrade_command_in_a_fresh_directory(tmp_path):

@@ -1,9 +1,16 @@
 """docker-compose.yml cannot run here (no Docker engine): check that it says what the CLI and config accept."""
 
+import fnmatch
+import json
+import re
+import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from packaging.specifiers import SpecifierSet
+from support.install import BUILD_INPUTS
 
 from proxy_addon.cli import build_parser
 from proxy_addon.config import admin_settings, load_config
@@ -68,9 +75,97 @@ def test_mounted_config_is_valid():
     load_config(REPO / "config.yaml")
 
 
-def test_dockerfile_installs_package_with_migrations():
-    text = (REPO / "Dockerfile").read_text()
-    assert "COPY migrations" in text and "pip install" in text and 'ENTRYPOINT ["receipts"]' in text
+# -- the Dockerfile: read, not built (no Docker engine here) --------------------------------------------------
+
+
+@dataclass
+class Stage:
+    """One FROM ... stage of a Dockerfile: its base image, its name, and its instructions in order."""
+
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]]  # (INSTRUCTION, its arguments), continuation lines joined
+
+    def args(self, instruction: str) -> list[str]:
+        return [args for name, args in self.instructions if name == instruction]
+
+
+def dockerfile_stages(text: str) -> list[Stage]:
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    stages: list[Stage] = []
+    for line in re.sub(r"\\\n\s*", " ", "\n".join(lines)).splitlines():
+        if not line.strip():
+            continue
+        instruction, _, args = line.strip().partition(" ")
+        if instruction.upper() == "FROM":
+            base, _, name = args.partition(" AS ")
+            stages.append(Stage(base.strip(), name.strip() or None, []))
+        else:
+            stages[-1].instructions.append((instruction.upper(), args.strip()))
+    return stages
+
+
+def copied_sources(stage: Stage) -> set[str]:
+    """What the stage copies from the build context (not from another stage), as paths in it."""
+    sources = set()
+    for args in stage.args("COPY"):
+        words = [w for w in args.split() if not w.startswith("--")]
+        if not any(w.startswith("--from=") for w in args.split()):
+            sources |= {w.removeprefix("./").rstrip("/") for w in words[:-1]}
+    return sources
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[Stage]:
+    return dockerfile_stages((REPO / "Dockerfile").read_text())
+
+
+def test_dockerfile_builds_the_wheel_from_what_a_build_reads(dockerfile):
+    """The build stage copies what the wheel test builds from (support/install.py), nothing less, and builds the
+    wheel: migrations/ and config.yaml reach the image through it."""
+    build = dockerfile[0]
+    assert copied_sources(build) == set(BUILD_INPUTS)
+    assert any(re.match(r"pip wheel\b.*--no-deps.*--wheel-dir /wheels \.$", run) for run in build.args("RUN"))
+
+
+def test_the_image_installs_the_wheel_alone_and_runs_as_a_user(dockerfile):
+    build, image = dockerfile
+    assert len(dockerfile) == 2 and build.name
+    assert image.args("COPY") == [f"--from={build.name} /wheels /tmp/wheels"]  # no source tree in the image
+    [install] = [run for run in image.args("RUN") if "pip install" in run]
+    assert "/tmp/wheels/*.whl" in install and " -e " not in install and "--editable" not in install
+    [user] = image.args("USER")
+    assert user not in ("root", "0") and f"useradd --create-home {user}" in install
+    for stage in dockerfile:  # the Python the package requires
+        python = re.fullmatch(r"python:(\d+\.\d+)-slim", stage.base)
+        assert python and python.group(1) in SpecifierSet(_pyproject()["project"]["requires-python"])
+    assert image.args("ENTRYPOINT") == ['["receipts"]']
+
+
+def test_the_image_s_config_is_the_installed_default_where_compose_mounts_its_own(dockerfile, compose):
+    """`receipts init`, run in the image as its user, writes the config its CMD and every service name: the
+    wheel's default config, unless docker-compose.yml mounts ./config.yaml over it."""
+    image = dockerfile[-1]
+    instructions = [name for name, _ in image.instructions]
+    init = next(args for name, args in image.instructions if name == "RUN" and args.startswith("receipts init"))
+    assert instructions.index("USER") < image.instructions.index(("RUN", init))
+    written = build_parser().parse_args(init.split()[1:]).config
+    assert build_parser().parse_args(json.loads(image.args("CMD")[0])).config == written == "/app/config.yaml"
+    [user] = image.args("USER")
+    assert image.args("WORKDIR") == ["/app"] and f"chown {user} /app" in " ".join(image.args("RUN"))
+    assert compose["x-receipts"]["build"] == "."
+    assert f"./config.yaml:{written}:ro" in compose["x-receipts"]["volumes"]
+
+
+def test_the_build_context_keeps_what_a_build_reads():
+    ignored = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    assert ".venv" in ignored and ".git" in ignored
+    assert not [(name, pattern) for name in BUILD_INPUTS for pattern in ignored if fnmatch.fnmatch(name, pattern)]
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
 def _topology_module():

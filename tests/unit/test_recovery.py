@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -121,3 +122,15 @@ def test_instance_ids_pids_and_the_namespace():
     assert pid_alive(os.getpid()) and pid_alive(1)  # pid 1: alive, though not ours to signal
     namespace = process_namespace()
     assert namespace == process_namespace() and len(namespace) <= 255 and namespace.count("/") >= 2
+
+
+def test_an_instance_whose_last_heartbeat_began_over_half_of_dead_after_ago_may_be_taken_for_dead_soon():
+    """What the handler asks before each send (handler.py, `_stalled`): read off the monotonic clock, which goes on
+    while the process is frozen."""
+
+    liveness = InstanceLiveness(None, "me", heartbeat_interval=1.0, dead_after=10.0)  # type: ignore[arg-type]
+    assert not liveness.taken_for_dead_soon()  # no heartbeat yet: registering is the first
+    liveness.beat_at = time.monotonic() - 4.0
+    assert not liveness.taken_for_dead_soon()
+    liveness.beat_at = time.monotonic() - 5.5
+    assert liveness.taken_for_dead_soon()
