@@ -261,6 +261,20 @@ class HostPolicy:
         return None
 
 
+class RetentionSettings(StrictModel):
+    """`retention:`, off when absent: terminal receipts older than `terminal` (a host's own age in `hosts`) are
+    pruned in the background by the proxy, a batch at a time, every `interval` (store/retention.py)."""
+
+    terminal: PositiveDuration
+    interval: PositiveDuration = 3600.0
+    hosts: dict[str, PositiveDuration] = Field(default_factory=dict)
+
+    @field_validator("hosts")
+    @classmethod
+    def _lower_hosts(cls, hosts: dict[str, float]) -> dict[str, float]:
+        return {check_host_key(k): v for k, v in hosts.items()}
+
+
 class ReceiptsConfig(StrictModel):
     database: DatabaseSettings = DatabaseSettings()
     defaults: Defaults = Defaults()
@@ -270,6 +284,7 @@ class ReceiptsConfig(StrictModel):
     admin: AdminSettings = AdminSettings()
     logging: LoggingSettings = LoggingSettings()
     audit: AuditSettings = AuditSettings()
+    retention: RetentionSettings | None = None
     secret_file: str = ".receipts-secret"  # relative to the config file's directory (load_config)
 
     @model_validator(mode="before")

@@ -58,6 +58,13 @@ VERDICT_SECONDS = Histogram(
     registry=REGISTRY,
 )
 _VERDICT_ANSWERED = {True: VERDICT_SECONDS.labels("before"), False: VERDICT_SECONDS.labels("after")}
+PRUNED = Counter(
+    "receipts_pruned",
+    "Rows deleted by this process's background retention (`retention:`), by table: `receipts` (with their history), "
+    "`duplicate_refusals`, `approvals`, `verifier_controls`.",
+    ["table"],
+    registry=REGISTRY,
+)
 REUSED_CONNECTION_UNKNOWNS = Counter(
     "receipts_reused_connection_unknowns",
     "Journaled writes sent on a reused HTTP/1.1 connection that ended with no byte of an answer (outcome_unknown): "
@@ -131,6 +138,11 @@ def journaled(seconds: float) -> None:
 
 def verdict_committed(seconds: float, answered_first: bool) -> None:
     _VERDICT_ANSWERED[answered_first].observe(seconds)
+
+
+def pruned(by_table: dict[str, int]) -> None:
+    for table in ("receipts", "duplicate_refusals", "approvals", "verifier_controls"):
+        PRUNED.labels(table).inc(by_table.get(table, 0))
 
 
 def reused_connection_unknown() -> None:

@@ -27,6 +27,7 @@ from proxy_addon import tracing
 from proxy_addon.addons import admission
 from proxy_addon.addons.admin import InProxyAdmin
 from proxy_addon.addons.heartbeat import Heartbeat
+from proxy_addon.addons.housekeeping import Housekeeping
 from proxy_addon.addons.passthrough import Passthrough, StreamLargeBodies, mark_passing, recognised, route_of
 from proxy_addon.addons.reconciler import InProxyReconciler
 from proxy_addon.config import ReceiptsConfig, load_config
@@ -275,6 +276,7 @@ def make_addons() -> list[Any]:
         Passthrough(journal),
         StreamLargeBodies(journal),
         Heartbeat(journal),
+        Housekeeping(journal),
         InProxyReconciler(journal),
         admin,
     ]

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Column, ColumnElement, Connection, Table, and_, delete, func, insert, select
 
+from proxy_addon.config import RetentionSettings
 from proxy_addon.rules.records import JournalStats, utcnow
 from proxy_addon.rules.states import OPEN_STATES, TERMINAL_STATES, ApprovalState, State
 from proxy_addon.store.audit import record_pruned
@@ -46,6 +47,13 @@ class Pruned:
     control_runs: int = 0
     batches: int = 0
 
+    def add(self, other: "Pruned") -> None:
+        self.receipts += other.receipts
+        self.refusals += other.refusals
+        self.approvals += other.approvals
+        self.control_runs += other.control_runs
+        self.batches += other.batches
+
     def as_dict(self) -> dict[str, int]:
         return {
             "receipts": self.receipts,
@@ -56,6 +64,7 @@ class Pruned:
         }
 
 
+Hosts = tuple[bool, list[str]] | None  # (True, names): only these hosts; (False, names): all but these
 Progress = Callable[[int, int], None]  # receipts pruned so far, receipts to prune in all (as counted at the start)
 
 
@@ -89,35 +98,57 @@ class Retention:
         with self.db.writing() as conn:
             return _fold(conn)
 
-    def prune(self, older_than: timedelta, progress: Progress | None = None, pause: float = PAUSE) -> Pruned:
+    def prune(
+        self,
+        older_than: timedelta,
+        progress: Progress | None = None,
+        pause: float = PAUSE,
+        hosts: Hosts = None,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> Pruned:
         """Delete terminal receipts completed before `now - older_than`, with their history (never an open one),
         BATCH at a time, each batch recorded as pruned (store/audit.py) in its own transaction; then the
         duplicate refusals, decided approvals and verifier control runs older than that (each rule's newest
-        control run is kept: it is what its health shows). `progress(done, total)` after each batch."""
+        control run is kept: it is what its health shows). `progress(done, total)` after each batch; `stop()`
+        before each (a prune stopped is resumed by the next: every batch committed is done). `hosts`: only
+        these hosts' receipts (`(True, [...])`), or all but these (`(False, [...])`): the other tables are then
+        left alone (retention's per-host ages, `prune_by_retention`)."""
         cutoff = utcnow() - older_than
         pruned = Pruned()
-        total = self._count_old(cutoff)
-        for deleted in self._batches(cutoff, pause):
+        which = _old_terminal(cutoff, hosts)
+        total = self._count(which)
+        for deleted in self._batches(which, pause, stop):
             pruned.receipts += deleted
             pruned.batches += 1
             if progress is not None:
                 progress(pruned.receipts, max(total, pruned.receipts))
+        if hosts is not None or stop():
+            self.fold_counts()
+            return pruned
+        pruned.add(self.prune_others(older_than, pause))
+        self.fold_counts()
+        return pruned
+
+    def prune_others(self, older_than: timedelta, pause: float = PAUSE) -> Pruned:
+        """The duplicate refusals, decided approvals and verifier control runs older than that (each rule's newest
+        control run kept), BATCH rows at a time."""
+        cutoff = utcnow() - older_than
+        pruned = Pruned()
         pruned.refusals = self._prune_by_age(_refusals, _refusals.c.refused_at < cutoff, pause)
         decided = and_(_approvals.c.state.in_(_DECIDED), _approvals.c.requested_at < cutoff)
         pruned.approvals = self._prune_by_age(_approvals, decided, pause, key=_approvals.c.approval_id)
         pruned.control_runs = self._prune_by_age(_controls, self._old_control_runs(cutoff), pause)
-        self.fold_counts()
         return pruned
 
-    def _count_old(self, cutoff: datetime) -> int:
+    def _count(self, which: ColumnElement[bool]) -> int:
         with self.db.storage_errors(), self.db.reading() as conn:
-            return int(conn.execute(select(func.count()).where(_old_terminal(cutoff))).scalar_one())
+            return int(conn.execute(select(func.count()).where(which)).scalar_one())
 
-    def _batches(self, cutoff: datetime, pause: float) -> Iterator[int]:
-        """Delete the old terminal receipts BATCH at a time (the oldest first); each batch's count."""
-        while True:
+    def _batches(self, which: ColumnElement[bool], pause: float, stop: Callable[[], bool]) -> Iterator[int]:
+        """Delete the receipts `which` selects BATCH at a time (the oldest first); each batch's count."""
+        while not stop():
             with self.db.writing() as conn:
-                ids = select(receipts.c.operation_id).where(_old_terminal(cutoff)).order_by(receipts.c.completed_at).limit(BATCH)
+                ids = select(receipts.c.operation_id).where(which).order_by(receipts.c.completed_at).limit(BATCH)
                 chosen = list(conn.execute(ids).scalars())
                 if not chosen:
                     return
@@ -149,8 +180,25 @@ class Retention:
         return and_(_controls.c.checked_at < cutoff, _controls.c.id.not_in(newest))
 
 
-def _old_terminal(cutoff: datetime) -> ColumnElement[bool]:
-    return and_(receipts.c.completed_at < cutoff, receipts.c.state.in_([s.value for s in TERMINAL_STATES]))
+def _old_terminal(cutoff: datetime, hosts: "Hosts" = None) -> ColumnElement[bool]:
+    old = and_(receipts.c.completed_at < cutoff, receipts.c.state.in_([s.value for s in TERMINAL_STATES]))
+    if hosts is None:
+        return old
+    only, names = hosts
+    return and_(old, receipts.c.host.in_(names) if only else receipts.c.host.not_in(names))
+
+
+def prune_by_retention(retention: Retention, settings: RetentionSettings, stop: Callable[[], bool]) -> Pruned:
+    """What `retention:` asks for: each host with its own age first, then every other host's receipts and the
+    other tables by `terminal`."""
+    pruned = Pruned()
+    for host, age in settings.hosts.items():
+        pruned.add(retention.prune(timedelta(seconds=age), hosts=(True, [host]), stop=stop))
+    others = (False, list(settings.hosts)) if settings.hosts else None
+    pruned.add(retention.prune(timedelta(seconds=settings.terminal), hosts=others, stop=stop))
+    if others is not None and not stop():
+        pruned.add(retention.prune_others(timedelta(seconds=settings.terminal)))
+    return pruned
 
 
 def _fold(conn: Connection) -> int:
