@@ -63,6 +63,7 @@ class InstanceLiveness:
         self.dead_after = dead_after
         self.hostname = process_namespace()
         self.beat_at: float | None = None  # time.monotonic() when the last heartbeat that committed began
+        self.gaps = 0  # heartbeats that committed more than half of instance_dead_after after the one before
 
     def register(self) -> None:
         started = time.monotonic()
@@ -72,14 +73,21 @@ class InstanceLiveness:
     def beat(self) -> None:
         started = time.monotonic()
         self.store.instances.heartbeat(self.instance_id)
+        if self.beat_at is not None and time.monotonic() - self.beat_at > self.dead_after / 2:
+            self.gaps += 1  # another instance may have taken this one for dead meanwhile
         self.beat_at = started
 
-    def taken_for_dead_soon(self) -> bool:
-        """Whether another instance may take this one for dead before a write sent now is done: its last heartbeat
-        began more than half of instance_dead_after ago (the process was frozen, or its heartbeats fail). A
-        write whose receipt may be recovered (made outcome_unknown, then settled by a read that finds nothing:
-        safe_to_retry) while it is being sent must not be sent."""
-        return self.beat_at is not None and time.monotonic() - self.beat_at > self.dead_after / 2
+    def mark(self) -> int:
+        return self.gaps
+
+    def lost_since(self, mark: int) -> bool:
+        """Whether another instance may have taken this one for dead since `mark` (taken before a receipt was
+        handed to the journal), or may before a write sent now is done: a gap in the heartbeats since, or the
+        last one began more than half of instance_dead_after ago (the process was frozen: the monotonic clock
+        goes on meanwhile; or its heartbeats fail). Then the receipt may have been recovered (outcome_unknown,
+        then settled by a read that finds nothing: safe_to_retry), and its write must not be sent."""
+        stale = self.beat_at is not None and time.monotonic() - self.beat_at > self.dead_after / 2
+        return stale or self.gaps != mark
 
     def stop(self) -> None:
         self.store.instances.stop(self.instance_id)

@@ -29,7 +29,7 @@ class Heartbeat:
             return
         p = j.config.proxy
         self.liveness = InstanceLiveness(j.store, j.instance_id, p.heartbeat_interval, p.instance_dead_after, in_flight=j.in_flight)
-        j.stalled = self.liveness.taken_for_dead_soon  # asked by the handler before each send
+        j.liveness = self.liveness  # asked by the handler before each send (recovery.py, `lost_since`)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="receipts-heartbeat")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self.executor, self.liveness.register)

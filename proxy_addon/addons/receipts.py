@@ -41,7 +41,7 @@ from proxy_addon.recovery import new_instance_id
 from proxy_addon.request import answers, bodylimit
 from proxy_addon.request.answers import Answer
 from proxy_addon.request.facts import RequestFacts, split_query
-from proxy_addon.request.handler import WriteHandler
+from proxy_addon.request.handler import ALIVE, Liveness, WriteHandler
 from proxy_addon.request.sender import TLSSettings, UpstreamSender
 from proxy_addon.rules.account import AccountHasher, load_or_create_key
 from proxy_addon.store import ReceiptStore
@@ -67,7 +67,7 @@ class Receipts:
         self._failure: str | None = None
         # handlers replaced by a runtime change of the options, still finishing their requests and verdicts
         self._retired: set[WriteHandler] = set()
-        self.stalled: Callable[[], bool] = lambda: False  # the Heartbeat addon's, once it runs
+        self.liveness: Liveness = ALIVE  # the Heartbeat addon's InstanceLiveness, once it runs
 
     def load(self, loader: Any) -> None:
         scrub_standard_logging()  # mitmproxy's own lines too (a bad request line quotes the URL's userinfo)
@@ -131,7 +131,7 @@ class Receipts:
             self.executor = ThreadPoolExecutor(config.proxy.database_threads, thread_name_prefix="receipts-database")
         self.handler = WriteHandler(
             config, self.store, self.journal, AccountHasher(key), _sender(), self.executor, self.instance_id,
-            lambda: self.stalled(),
+            lambda: self.liveness,
         )
 
     def _retire(self, handler: WriteHandler) -> None:

@@ -1,6 +1,5 @@
 """The state the addons share: what the Receipts addon has set up, as the others see it."""
 
-from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Protocol
 
@@ -8,7 +7,7 @@ from mitmproxy import http
 
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.journal.client import JournalClient
-from proxy_addon.request.handler import WriteHandler
+from proxy_addon.request.handler import Liveness, WriteHandler
 from proxy_addon.store import ReceiptStore
 
 
@@ -28,7 +27,7 @@ class ReceiptsState(Protocol):
     @property
     def instance_id(self) -> str: ...
 
-    stalled: "Callable[[], bool]"  # whether a write must not be sent now (recovery.py, taken_for_dead_soon)
+    liveness: Liveness  # whether a write must not be sent now (recovery.py, InstanceLiveness.lost_since)
 
     def in_flight(self) -> frozenset[str]:
         """The operation ids this process is working on (the orphan sweep leaves them alone)."""

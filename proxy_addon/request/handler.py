@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -63,6 +63,26 @@ INLINE_INTENT_BODY = 16 * 1024
 # then it goes on alone, and the 503 is answered.
 CLOSE_UNSENT_AT_LEAST = 0.05
 
+class Liveness(Protocol):
+    """Whether another instance may have taken this one for dead (recovery.py, InstanceLiveness)."""
+
+    def mark(self) -> int: ...
+    def lost_since(self, mark: int) -> bool: ...
+
+
+class _Alive:
+    """No heartbeat runs (a handler in a test, a proxy not started yet): never taken for dead."""
+
+    def mark(self) -> int:
+        return 0
+
+    def lost_since(self, mark: int) -> bool:
+        return False
+
+
+ALIVE: Liveness = _Alive()
+
+
 @dataclass(frozen=True)
 class Handled:
     """What became of one request: the answer (None: forward it without a receipt, fail open) and what the
@@ -82,11 +102,11 @@ class WriteHandler:
         sender: Sender,
         executor: Executor,
         instance_id: str,
-        stalled: Callable[[], bool] = lambda: False,
+        liveness: Callable[[], Liveness] = lambda: ALIVE,
     ):
         self.config, self.store, self.journal, self.hasher = config, store, journal, hasher
         self.sender, self.executor, self.instance_id = sender, executor, instance_id
-        self.stalled = stalled  # this instance may be taken for dead before a write sent now is done (recovery.py)
+        self.liveness = liveness  # the Heartbeat's, once it runs: a write is not sent once this instance may be taken for dead
         # operation ids this process is working on; its other planned/submitted receipts are orphans
         self.in_flight: set[str] = set()
         # the verdicts being committed (each receipt stays in in_flight until its verdict is written)
@@ -117,6 +137,8 @@ class WriteHandler:
         wait_until: float | None = None
         head: str | None = None  # its history head, as its record left it: the verdict's compare-and-set needs it
         loop = asyncio.get_running_loop()
+        liveness = self.liveness()
+        alive = liveness.mark()
         while True:
             answer_by = loop.time() + self.config.proxy.journal_timeout
             try:
@@ -144,7 +166,7 @@ class WriteHandler:
         metrics.journaled(time.perf_counter() - started)
         if facts.client_gone():
             return await self._agent_left(operation_id, head)
-        if self.stalled():
+        if liveness.lost_since(alive):
             return await self._stalled(operation_id, head)
 
         # structlog's bound_contextvars, without the copy of every context variable it makes to restore this one

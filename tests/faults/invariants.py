@@ -166,7 +166,8 @@ def contradiction(journal: "Journal", told: Told) -> str | None:
         return None  # a missing receipt is `lost` (1.)
     steps = [t["to_state"] for t in journal.history.get(told.receipt_id, [])]
     if told.state in (State.SUCCEEDED.value, State.REJECTED.value) and receipt["state"] != told.state:
-        return f"{told.receipt_id}: the agent was told {told.state}, the journal says {receipt['state']} ({' -> '.join(steps)})"
+        rows = "; ".join(f"{t['to_state']} at {t['recorded_at']:%H:%M:%S.%f} {t['detail']}" for t in journal.history.get(told.receipt_id, []))
+        return f"{told.receipt_id}: the agent was told {told.state}, the journal says {receipt['state']} ({rows})"
     if told.state == State.OUTCOME_UNKNOWN.value and State.OUTCOME_UNKNOWN.value not in steps:
         return f"{told.receipt_id}: the agent was told outcome_unknown, its history never was ({' -> '.join(steps)})"
     return None

@@ -206,16 +206,22 @@ def test_a_proxy_that_stalled_past_half_of_dead_after_does_not_send(journal, rec
     run, addon, sender = journal(created())
     f = post()
 
-    def stalled() -> bool:
-        assert addon.store is not None
-        if recovered_first:
-            [mine] = addon.store.receipts.list(states=["submitted"], limit=None)
-            addon.store.receipts.transition(mine.operation_id, "submitted", "outcome_unknown",
-                                            {"who": "replica", "error": "proxy_interrupted"}, error_code="proxy_interrupted")
-        return True
+    class Frozen:
+        """Its heartbeats stopped after the mark (as InstanceLiveness says once a heartbeat came too late)."""
+
+        def mark(self) -> int:
+            return 0
+
+        def lost_since(self, mark: int) -> bool:
+            assert addon.store is not None
+            if recovered_first:
+                [mine] = addon.store.receipts.list(states=["submitted"], limit=None)
+                addon.store.receipts.transition(mine.operation_id, "submitted", "outcome_unknown",
+                                                {"who": "replica", "error": "proxy_interrupted"}, error_code="proxy_interrupted")
+            return True
 
     async def script(addon: Receipts) -> None:
-        addon.stalled = stalled
+        addon.liveness = Frozen()
         await addon.request(f)
 
     run(f, script=script)

@@ -124,13 +124,19 @@ def test_instance_ids_pids_and_the_namespace():
     assert namespace == process_namespace() and len(namespace) <= 255 and namespace.count("/") >= 2
 
 
-def test_an_instance_whose_last_heartbeat_began_over_half_of_dead_after_ago_may_be_taken_for_dead_soon():
-    """What the handler asks before each send (handler.py, `_stalled`): read off the monotonic clock, which goes on
-    while the process is frozen."""
-
-    liveness = InstanceLiveness(None, "me", heartbeat_interval=1.0, dead_after=10.0)  # type: ignore[arg-type]
-    assert not liveness.taken_for_dead_soon()  # no heartbeat yet: registering is the first
+def test_an_instance_whose_heartbeat_stopped_for_half_of_dead_after_may_have_been_taken_for_dead(store):
+    """What the handler asks before each send (handler.py, `_stalled`), read off the monotonic clock, which goes on
+    while the process is frozen: the last heartbeat began over half of instance_dead_after ago, or one came that
+    late since the mark (a frozen process whose heartbeat thread beat again before the request went on)."""
+    liveness = InstanceLiveness(store, "me", heartbeat_interval=1.0, dead_after=10.0)
+    mark = liveness.mark()
+    assert not liveness.lost_since(mark)  # no heartbeat yet: registering is the first
+    liveness.register()
     liveness.beat_at = time.monotonic() - 4.0
-    assert not liveness.taken_for_dead_soon()
+    assert not liveness.lost_since(mark)
     liveness.beat_at = time.monotonic() - 5.5
-    assert liveness.taken_for_dead_soon()
+    assert liveness.lost_since(mark)
+    liveness.beat()  # 5.5 s after the one before: a gap
+    assert liveness.lost_since(mark) and not liveness.lost_since(liveness.mark())
+    liveness.beat()
+    assert not liveness.lost_since(liveness.mark())
