@@ -63,7 +63,7 @@ class InstanceLiveness:
         self.dead_after = dead_after
         self.hostname = process_namespace()
         self.beat_at: float | None = None  # time.monotonic() when the last heartbeat that committed began
-        self.gaps = 0  # heartbeats that committed more than half of instance_dead_after after the one before
+        self.gaps = 0  # heartbeats that committed more than `stall_limit` after the one before
 
     def register(self) -> None:
         started = time.monotonic()
@@ -73,7 +73,7 @@ class InstanceLiveness:
     def beat(self) -> None:
         started = time.monotonic()
         self.store.instances.heartbeat(self.instance_id)
-        if self.beat_at is not None and time.monotonic() - self.beat_at > self.dead_after / 2:
+        if self.beat_at is not None and time.monotonic() - self.beat_at > self.stall_limit:
             self.gaps += 1  # another instance may have taken this one for dead meanwhile
         self.beat_at = started
 
@@ -83,11 +83,17 @@ class InstanceLiveness:
     def lost_since(self, mark: int) -> bool:
         """Whether another instance may have taken this one for dead since `mark` (taken before a receipt was
         handed to the journal), or may before a write sent now is done: a gap in the heartbeats since, or the
-        last one began more than half of instance_dead_after ago (the process was frozen: the monotonic clock
-        goes on meanwhile; or its heartbeats fail). Then the receipt may have been recovered (outcome_unknown,
+        last one began more than `stall_limit` ago (the process was frozen: the monotonic clock goes on
+        meanwhile; or its heartbeats fail). Then the receipt may have been recovered (outcome_unknown,
         then settled by a read that finds nothing: safe_to_retry), and its write must not be sent."""
-        stale = self.beat_at is not None and time.monotonic() - self.beat_at > self.dead_after / 2
+        stale = self.beat_at is not None and time.monotonic() - self.beat_at > self.stall_limit
         return stale or self.gaps != mark
+
+    @property
+    def stall_limit(self) -> float:
+        """How long without a heartbeat is a stall: instance_dead_after less one heartbeat interval (the time a
+        write sent now has before a replica may take this instance for dead), and never under half of it."""
+        return max(self.dead_after - self.heartbeat_interval, self.dead_after / 2)
 
     def stop(self) -> None:
         self.store.instances.stop(self.instance_id)

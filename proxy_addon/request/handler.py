@@ -271,7 +271,7 @@ class WriteHandler:
         """This instance was frozen (or cut off from its heartbeat) long enough that another may recover its
         receipts while a write is sent: not sent. Its receipt is closed as not sent if it is still `submitted`;
         if a recovery took it already (`outcome_unknown`), the reconciler finds nothing and settles it so."""
-        closed = not_sent(self.instance_id, "the proxy stalled past half of instance_dead_after before it sent the request, so it was not sent")
+        closed = not_sent(self.instance_id, "the proxy stalled (its heartbeats stopped) before it sent the request, so it was not sent")
         state = State.REJECTED.value
         try:
             await self._advance(operation_id, closed.state, closed.detail, closed.updates, head)

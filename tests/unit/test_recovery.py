@@ -124,19 +124,21 @@ def test_instance_ids_pids_and_the_namespace():
     assert namespace == process_namespace() and len(namespace) <= 255 and namespace.count("/") >= 2
 
 
-def test_an_instance_whose_heartbeat_stopped_for_half_of_dead_after_may_have_been_taken_for_dead(store):
+def test_an_instance_whose_heartbeats_stalled_may_have_been_taken_for_dead(store):
     """What the handler asks before each send (handler.py, `_stalled`), read off the monotonic clock, which goes on
-    while the process is frozen: the last heartbeat began over half of instance_dead_after ago, or one came that
-    late since the mark (a frozen process whose heartbeat thread beat again before the request went on)."""
-    liveness = InstanceLiveness(store, "me", heartbeat_interval=1.0, dead_after=10.0)
+    while the process is frozen: the last heartbeat began over instance_dead_after less one interval ago, or one
+    came that late since the mark (a frozen process whose heartbeat thread beat again before the request went on)."""
+    liveness = InstanceLiveness(store, "me", heartbeat_interval=1.0, dead_after=10.0)  # a stall: over 9 s
+    assert liveness.stall_limit == 9.0
+    assert InstanceLiveness(store, "me", heartbeat_interval=8.0, dead_after=10.0).stall_limit == 5.0
     mark = liveness.mark()
     assert not liveness.lost_since(mark)  # no heartbeat yet: registering is the first
     liveness.register()
-    liveness.beat_at = time.monotonic() - 4.0
+    liveness.beat_at = time.monotonic() - 8.5
     assert not liveness.lost_since(mark)
-    liveness.beat_at = time.monotonic() - 5.5
+    liveness.beat_at = time.monotonic() - 9.5
     assert liveness.lost_since(mark)
-    liveness.beat()  # 5.5 s after the one before: a gap
+    liveness.beat()  # 9.5 s after the one before: a gap
     assert liveness.lost_since(mark) and not liveness.lost_since(liveness.mark())
     liveness.beat()
     assert not liveness.lost_since(liveness.mark())
