@@ -195,3 +195,28 @@ def test_a_handler_replaced_at_run_time_finishes_its_writes_which_the_heartbeat_
         time.sleep(0.01)
     assert addon.store.receipts.get(op_of(old_write)).state == "succeeded"
     assert addon.store.receipts.get(op_of(new_write)).state == "succeeded"
+
+
+def test_a_verdict_that_finds_its_receipt_moved_on_answers_the_state_the_journal_holds(journal, monkeypatch):
+    """A rejection (committed before its answer) finds its receipt no longer `submitted`: someone else moved it
+    on first (a recovery that took the proxy for dead made it `outcome_unknown`). Theirs stands, and the agent
+    is told that state, not the verdict the journal refused: only a refusal naming the verdict's own state is
+    the verdict committed already (a writer that died before it answered)."""
+    held = HeldVerdicts(monkeypatch, to="rejected")
+    run, addon, _ = journal(answered(409, b'{"error": "conflict"}'))
+    f = post()
+
+    async def script(addon: Receipts) -> None:
+        assert addon.store is not None and addon.handler is not None
+        request = asyncio.ensure_future(addon.request(f))
+        await asyncio.to_thread(held.holding.wait, HOLD)
+        [op] = addon.handler.verdicts.recording
+        addon.store.receipts.transition(op, "submitted", "outcome_unknown", {"who": "recovery", "error": "proxy_interrupted"},
+                                        error_code="proxy_interrupted")  # fmt: skip
+        held.release.set()
+        await asyncio.wait_for(request, HOLD)
+
+    run(f, script=script)
+    assert addon.store is not None
+    assert f.response.status_code == 409
+    assert f.response.headers["X-Receipt-State"] == "outcome_unknown" == addon.store.receipts.get(op_of(f)).state
