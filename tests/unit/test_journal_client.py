@@ -428,3 +428,47 @@ def test_the_writer_is_handed_a_deadline_before_its_caller_gives_up(url: str, mo
             await held
 
     asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_verdict_handed_over_while_no_writer_runs_starts_one_for_it_at_once(url: str) -> None:
+    """The writer died between a record's answer and its verdict, holding nothing: the verdict handed over then is
+    kept, and a writer is started for it at once, not with the next write (which may never come: the verdict's
+    receipt stays open, and shutdown waits for it, until it is written)."""
+    writers: list[SilentWriter] = []
+    second: list[asyncio.Event] = []
+
+    def start() -> SilentWriter:
+        writers.append(SilentWriter())
+        if len(writers) == 2:
+            second[0].set()
+        return writers[-1]
+
+    async def go() -> None:
+        second.append(asyncio.Event())
+        client = JournalClient(Setup(url, log_level="error"), start)
+        it = intent(proxy_instance="me")
+        first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
+        await asyncio.sleep(0)  # the client starts its writer
+        [_setup, (record_id, _)] = await writers[0].received(2)
+        writers[0].other.sendall(frame(record_id, Done("sha256:head")))
+        await first
+        writers[0].die()
+        for _ in range(1000):  # the client sees its writer gone (bounded)
+            if client._link is None:
+                break
+            await asyncio.sleep(0.005)
+        assert client._link is None and len(writers) == 1  # nothing was held: no writer started yet
+        answers: asyncio.Future = asyncio.get_running_loop().create_future()
+        client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", answers.set_result, answered=True)
+        try:
+            await asyncio.wait_for(second[0].wait(), 10)
+        except TimeoutError:
+            pytest.fail("no writer was started for the verdict")
+        [_setup, (kept_id, kept)] = await writers[1].received(2)
+        assert (type(kept).__name__, kept.operation_id, kept.to) == ("Advance", it.operation_id, "succeeded")
+        writers[1].other.sendall(frame(kept_id, Done("sha256:next")))
+        assert await answers is None
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
