@@ -110,3 +110,17 @@ def test_a_writer_whose_proxy_dies_while_its_batch_runs_commits_the_verdicts_and
     assert store.receipts.get(op).state == "succeeded"
     with pytest.raises(ReceiptNotFoundError):
         store.receipts.get(new.operation_id)
+
+
+def test_a_told_outcome_unknown_verdict_that_finds_a_recoverys_outcome_unknown_is_done_with_nothing_written(writer, store):
+    """The agent was told outcome_unknown (a failure after the send) and a recovery guessed the same first: the
+    journal already says what the agent was told, so the verdict is answered as written, and adds no row."""
+    op, head = submitted(writer)
+    store.receipts.transition(op, "submitted", "outcome_unknown", {"who": "recovery", "error": "proxy_interrupted"},
+                              error_code="proxy_interrupted")  # fmt: skip
+    [(_, reply)] = writer.run([
+        (2, Advance(op, "submitted", "outcome_unknown", {"who": "me"}, {"error_code": "proxy_error"}, head=head, answered=True)),
+    ])
+    assert isinstance(reply, Done), reply
+    assert [t.to_state for t in store.receipts.history(op)] == ["planned", "submitted", "outcome_unknown"]
+    assert store.receipts.get(op).error_code == "proxy_interrupted"
