@@ -220,3 +220,29 @@ def test_a_verdict_that_finds_its_receipt_moved_on_answers_the_state_the_journal
     assert addon.store is not None
     assert f.response.status_code == 409
     assert f.response.headers["X-Receipt-State"] == "outcome_unknown" == addon.store.receipts.get(op_of(f)).state
+
+
+def test_shutdown_waits_for_the_verdicts_of_a_handler_replaced_at_run_time(journal, monkeypatch, tmp_path):
+    """A runtime change of receipts_config replaced the handler while a verdict it answered first is still being
+    committed; the proxy then stops. Shutdown (the addon's `done`) waits for that verdict too, as for the
+    current handler's, before its writer is stopped: when `done` returns, the verdict is in the journal."""
+    held = HeldVerdicts(monkeypatch)
+    run, addon, _ = journal(created())
+    other = tmp_path / "other.yaml"
+    other.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n")
+    f = post()
+    at_done: list[str] = []
+
+    async def script(addon: Receipts) -> None:
+        assert addon.store is not None
+        await asyncio.wait_for(addon.request(f), HOLD)  # answered first: its verdict is held by the writer
+        store = addon.store
+        assert store.receipts.get(op_of(f)).state == "submitted"
+        ctx.options.update(receipts_config=str(other))
+        threading.Timer(0.3, held.release.set).start()  # committed a moment after the shutdown began
+        await addon.done()
+        at_done.append(store.receipts.get(op_of(f)).state)
+
+    run(f, script=script)
+    assert f.response.headers["X-Receipt-State"] == "succeeded"
+    assert at_done == ["succeeded"]
