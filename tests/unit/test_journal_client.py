@@ -516,3 +516,31 @@ def test_a_write_handed_over_the_moment_the_next_writer_is_usable_goes_after_the
         await client.aclose()
 
     asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_closing_while_no_writer_runs_calls_back_the_verdicts_that_wait_for_one(url: str) -> None:
+    """A kept verdict waits for a writer that keeps dying at its start (none is running between two starts) when
+    the proxy stops: closing fails it on the event loop, so that its callback (the handler's) runs."""
+    writers: list[DeadAtStart] = []
+
+    def start() -> DeadAtStart:
+        writers.append(DeadAtStart())
+        return writers[-1]
+
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error"), start)
+        answers: asyncio.Future = asyncio.get_running_loop().create_future()
+        client.advance_now("op_kept", State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, None, answers.set_result, answered=True)
+        for _ in range(1000):  # its first writer started and died: the next start waits for a pause (bounded)
+            if writers and client._link is None:
+                break
+            await asyncio.sleep(0.005)
+        assert writers and client._link is None and not answers.done()
+        await client.aclose()
+        try:
+            error = await asyncio.wait_for(answers, 5)
+        except TimeoutError:
+            pytest.fail("closing did not call back the verdict that waited for a writer")
+        assert isinstance(error, WriterLostError) and "was stopped" in str(error)
+
+    asyncio.run(asyncio.wait_for(go(), 30))
