@@ -246,3 +246,43 @@ def test_shutdown_waits_for_the_verdicts_of_a_handler_replaced_at_run_time(journ
     run(f, script=script)
     assert f.response.headers["X-Receipt-State"] == "succeeded"
     assert at_done == ["succeeded"]
+
+
+def test_a_handler_replaced_at_run_time_stops_its_writer_once_its_writes_are_done(journal, tmp_path):
+    """Not only at shutdown: the replaced handler waits for the write it still has at its upstream, then (its
+    verdict committed) stops its journal writer and is no longer counted; it is not left running."""
+    run, addon, sender = journal(created())
+    at_upstream, upstream_answers = asyncio.Event(), None
+    scripted = sender.send_once
+
+    async def held(*args: Any) -> SendResult:
+        at_upstream.set()
+        assert upstream_answers is not None
+        await upstream_answers.wait()
+        return await scripted(*args)
+
+    sender.send_once = held  # type: ignore[method-assign]
+    other = tmp_path / "other.yaml"
+    other.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n")
+    f = post()
+    seen: dict[str, Any] = {}
+
+    async def script(addon: Receipts) -> None:
+        nonlocal upstream_answers
+        upstream_answers = asyncio.Event()
+        request = asyncio.ensure_future(addon.request(f))
+        await asyncio.wait_for(at_upstream.wait(), HOLD)
+        old_handler = addon.handler
+        assert old_handler is not None
+        ctx.options.update(receipts_config=str(other))
+        upstream_answers.set()
+        await asyncio.wait_for(request, HOLD)
+        for _ in range(1000):  # before any shutdown (bounded: 10 s)
+            if old_handler.journal.closed:
+                break
+            await asyncio.sleep(0.01)
+        seen["closed"], seen["in_flight"] = old_handler.journal.closed, addon.in_flight()
+        seen["state"] = old_handler.store.receipts.get(op_of(f)).state
+
+    run(f, script=script)
+    assert seen == {"closed": True, "in_flight": frozenset(), "state": "succeeded"}, seen
