@@ -229,3 +229,94 @@ def test_a_proxy_that_stalled_past_half_of_dead_after_does_not_send(journal, rec
     state = "outcome_unknown" if recovered_first else "rejected"
     assert (f.response.status_code, f.response.headers["X-Receipt-State"]) == (504 if recovered_first else 502, state)
     assert states(addon, op_of(f))[-1] == state
+
+
+def test_a_verdict_that_finds_its_receipt_moved_on_answers_the_state_the_journal_holds(journal, monkeypatch):
+    """A rejection (committed before its answer) finds its receipt no longer `submitted`: someone else moved it
+    on first (a recovery that took the proxy for dead made it `outcome_unknown`). Theirs stands, and the agent
+    is told that state, not the verdict the journal refused: only a refusal naming the verdict's own state is
+    the verdict committed already (a writer that died before it answered)."""
+    held = HeldVerdicts(monkeypatch, to="rejected")
+    run, addon, _ = journal(answered(409, b'{"error": "conflict"}'))
+    f = post()
+
+    async def script(addon: Receipts) -> None:
+        assert addon.store is not None and addon.handler is not None
+        request = asyncio.ensure_future(addon.request(f))
+        await asyncio.to_thread(held.holding.wait, HOLD)
+        [op] = addon.handler.verdicts.recording
+        addon.store.receipts.transition(op, "submitted", "outcome_unknown", {"who": "recovery", "error": "proxy_interrupted"},
+                                        error_code="proxy_interrupted")  # fmt: skip
+        held.release.set()
+        await asyncio.wait_for(request, HOLD)
+
+    run(f, script=script)
+    assert addon.store is not None
+    assert f.response.status_code == 409
+    assert f.response.headers["X-Receipt-State"] == "outcome_unknown" == addon.store.receipts.get(op_of(f)).state
+
+
+def test_shutdown_waits_for_the_verdicts_of_a_handler_replaced_at_run_time(journal, monkeypatch, tmp_path):
+    """A runtime change of receipts_config replaced the handler while a verdict it answered first is still being
+    committed; the proxy then stops. Shutdown (the addon's `done`) waits for that verdict too, as for the
+    current handler's, before its writer is stopped: when `done` returns, the verdict is in the journal."""
+    held = HeldVerdicts(monkeypatch)
+    run, addon, _ = journal(created())
+    other = tmp_path / "other.yaml"
+    other.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n")
+    f = post()
+    at_done: list[str] = []
+
+    async def script(addon: Receipts) -> None:
+        assert addon.store is not None
+        await asyncio.wait_for(addon.request(f), HOLD)  # answered first: its verdict is held by the writer
+        store = addon.store
+        assert store.receipts.get(op_of(f)).state == "submitted"
+        ctx.options.update(receipts_config=str(other))
+        threading.Timer(0.3, held.release.set).start()  # committed a moment after the shutdown began
+        await addon.done()
+        at_done.append(store.receipts.get(op_of(f)).state)
+
+    run(f, script=script)
+    assert f.response.headers["X-Receipt-State"] == "succeeded"
+    assert at_done == ["succeeded"]
+
+
+def test_a_handler_replaced_at_run_time_stops_its_writer_once_its_writes_are_done(journal, tmp_path):
+    """Not only at shutdown: the replaced handler waits for the write it still has at its upstream, then (its
+    verdict committed) stops its journal writer and is no longer counted; it is not left running."""
+    run, addon, sender = journal(created())
+    at_upstream, upstream_answers = asyncio.Event(), None
+    scripted = sender.send_once
+
+    async def held(*args: Any) -> SendResult:
+        at_upstream.set()
+        assert upstream_answers is not None
+        await upstream_answers.wait()
+        return await scripted(*args)
+
+    sender.send_once = held  # type: ignore[method-assign]
+    other = tmp_path / "other.yaml"
+    other.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n")
+    f = post()
+    seen: dict[str, Any] = {}
+
+    async def script(addon: Receipts) -> None:
+        nonlocal upstream_answers
+        upstream_answers = asyncio.Event()
+        request = asyncio.ensure_future(addon.request(f))
+        await asyncio.wait_for(at_upstream.wait(), HOLD)
+        old_handler = addon.handler
+        assert old_handler is not None
+        ctx.options.update(receipts_config=str(other))
+        upstream_answers.set()
+        await asyncio.wait_for(request, HOLD)
+        for _ in range(1000):  # before any shutdown (bounded: 10 s)
+            if old_handler.journal.closed:
+                break
+            await asyncio.sleep(0.01)
+        seen["closed"], seen["in_flight"] = old_handler.journal.closed, addon.in_flight()
+        seen["state"] = old_handler.store.receipts.get(op_of(f)).state
+
+    run(f, script=script)
+    assert seen == {"closed": True, "in_flight": frozenset(), "state": "succeeded"}, seen

@@ -139,3 +139,20 @@ def test_a_postgres_session_gets_the_waits_and_the_urls_own_options_win(pg_serve
     assert settings(pg_server) == ("0", "0", f"{PG_IDLE_IN_TRANSACTION_TIMEOUT_MS // 1000}s")  # no wait of ours given
     own = pg_server + ("&" if "?" in pg_server else "?") + "options=-c%20lock_timeout%3D7s"
     assert settings(own, lock_wait=2.5)[0] == "7s"
+
+
+@pytest.mark.postgres
+def test_a_postgres_session_runs_without_jit_unless_the_url_says(pg_server):
+    """The journal's statements are short index lookups, whose plans JIT would compile on every execution once a
+    cost estimate passes jit_above_cost: every session has it off; the URL's own `options` still win."""
+
+    def jit(url: str) -> str:
+        engine = make_engine(url, pool_size=1)
+        try:
+            with engine.connect() as conn:
+                return conn.exec_driver_sql("SHOW jit").scalar()
+        finally:
+            engine.dispose()
+
+    assert jit(pg_server) == "off"
+    assert jit(pg_server + ("&" if "?" in pg_server else "?") + "options=-c%20jit%3Don") == "on"

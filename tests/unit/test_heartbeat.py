@@ -116,3 +116,30 @@ def test_it_heartbeats_on_a_thread_of_its_own_while_every_database_thread_is_bus
             await heartbeat.done()
 
     asyncio.run(life())
+
+
+def test_its_heartbeats_after_the_start_are_on_its_own_thread_too(store, executor, monkeypatch):
+    """Not only the registration: the heartbeats that follow run on the heartbeat's thread while every
+    database thread the requests share is busy (else the first one waits for them, and a replica takes this
+    live proxy for dead)."""
+    release, beat = threading.Event(), threading.Event()
+    heartbeat_of = store.instances.heartbeat
+
+    def spied(instance_id: str) -> None:
+        heartbeat_of(instance_id)
+        beat.set()
+
+    monkeypatch.setattr(store.instances, "heartbeat", spied)
+    heartbeat = Heartbeat(journal_state(store, executor, set()))
+    for _ in range(2):  # both of the fixture's threads
+        executor.submit(release.wait, 30)
+
+    async def life() -> None:
+        try:
+            await asyncio.wait_for(heartbeat.running(), 10)
+            assert await asyncio.to_thread(beat.wait, 10), "no heartbeat while the database threads were busy"
+        finally:
+            release.set()
+            await heartbeat.done()
+
+    asyncio.run(life())

@@ -428,3 +428,119 @@ def test_the_writer_is_handed_a_deadline_before_its_caller_gives_up(url: str, mo
             await held
 
     asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_verdict_handed_over_while_no_writer_runs_starts_one_for_it_at_once(url: str) -> None:
+    """The writer died between a record's answer and its verdict, holding nothing: the verdict handed over then is
+    kept, and a writer is started for it at once, not with the next write (which may never come: the verdict's
+    receipt stays open, and shutdown waits for it, until it is written)."""
+    writers: list[SilentWriter] = []
+    second: list[asyncio.Event] = []
+
+    def start() -> SilentWriter:
+        writers.append(SilentWriter())
+        if len(writers) == 2:
+            second[0].set()
+        return writers[-1]
+
+    async def go() -> None:
+        second.append(asyncio.Event())
+        client = JournalClient(Setup(url, log_level="error"), start)
+        it = intent(proxy_instance="me")
+        first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
+        await asyncio.sleep(0)  # the client starts its writer
+        [_setup, (record_id, _)] = await writers[0].received(2)
+        writers[0].other.sendall(frame(record_id, Done("sha256:head")))
+        await first
+        writers[0].die()
+        for _ in range(1000):  # the client sees its writer gone (bounded)
+            if client._link is None:
+                break
+            await asyncio.sleep(0.005)
+        assert client._link is None and len(writers) == 1  # nothing was held: no writer started yet
+        answers: asyncio.Future = asyncio.get_running_loop().create_future()
+        client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", answers.set_result, answered=True)
+        try:
+            await asyncio.wait_for(second[0].wait(), 10)
+        except TimeoutError:
+            pytest.fail("no writer was started for the verdict")
+        [_setup, (kept_id, kept)] = await writers[1].received(2)
+        assert (type(kept).__name__, kept.operation_id, kept.to) == ("Advance", it.operation_id, "succeeded")
+        writers[1].other.sendall(frame(kept_id, Done("sha256:next")))
+        assert await answers is None
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_write_handed_over_the_moment_the_next_writer_is_usable_goes_after_the_kept_verdict(url: str) -> None:
+    """The kept verdicts are on the new writer's socket before it is usable by anyone: a write that starts as soon
+    as the client has a stream again (looked at on every turn of the event loop) still reaches it after them."""
+    writers: list[SilentWriter] = []
+    second: list[asyncio.Event] = []
+
+    def start() -> SilentWriter:
+        writers.append(SilentWriter())
+        if len(writers) == 2:
+            second[0].set()
+        return writers[-1]
+
+    async def go() -> None:
+        second.append(asyncio.Event())
+        client = JournalClient(Setup(url, log_level="error"), start)
+        it = intent(proxy_instance="me")
+        first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
+        await asyncio.sleep(0)  # the client starts its writer
+        [_setup, (record_id, _)] = await writers[0].received(2)
+        writers[0].other.sendall(frame(record_id, Done("sha256:head")))
+        await first
+        answers: asyncio.Future = asyncio.get_running_loop().create_future()
+        client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", answers.set_result, answered=True)
+        await writers[0].received(3)
+        old_stream = client._stream
+
+        async def write_once_usable() -> str | None:
+            # looked at on every turn of the loop (no event says "usable": the client's stream is the signal)
+            while client._stream is None or client._stream is old_stream:  # noqa: ASYNC110
+                await asyncio.sleep(0)
+            return await client.record(intent(proxy_instance="me"), AfterSuccess(), "me")
+
+        repeat = asyncio.ensure_future(write_once_usable())
+        writers[0].die()
+        await second[0].wait()  # started for the kept verdict (bounded by the test's own timeout)
+        [_setup, (a_id, a), (b_id, b)] = await writers[1].received(3)
+        assert [type(a).__name__, type(b).__name__] == ["Advance", "Record"], (a, b)
+        writers[1].other.sendall(frame(a_id, Done("sha256:next")) + frame(b_id, Done("sha256:other")))
+        assert await answers is None
+        await repeat
+        await client.aclose()
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_closing_while_no_writer_runs_calls_back_the_verdicts_that_wait_for_one(url: str) -> None:
+    """A kept verdict waits for a writer that keeps dying at its start (none is running between two starts) when
+    the proxy stops: closing fails it on the event loop, so that its callback (the handler's) runs."""
+    writers: list[DeadAtStart] = []
+
+    def start() -> DeadAtStart:
+        writers.append(DeadAtStart())
+        return writers[-1]
+
+    async def go() -> None:
+        client = JournalClient(Setup(url, log_level="error"), start)
+        answers: asyncio.Future = asyncio.get_running_loop().create_future()
+        client.advance_now("op_kept", State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, None, answers.set_result, answered=True)
+        for _ in range(1000):  # its first writer started and died: the next start waits for a pause (bounded)
+            if writers and client._link is None:
+                break
+            await asyncio.sleep(0.005)
+        assert writers and client._link is None and not answers.done()
+        await client.aclose()
+        try:
+            error = await asyncio.wait_for(answers, 5)
+        except TimeoutError:
+            pytest.fail("closing did not call back the verdict that waited for a writer")
+        assert isinstance(error, WriterLostError) and "was stopped" in str(error)
+
+    asyncio.run(asyncio.wait_for(go(), 30))

@@ -5,6 +5,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
+from support.store import intent
 
 from proxy_addon.db import (
     alembic_config,
@@ -13,6 +14,7 @@ from proxy_addon.db import (
     make_engine,
 )
 from proxy_addon.exceptions import JournalUnavailableError, SchemaNotMigratedError
+from proxy_addon.store import ReceiptStore
 from proxy_addon.store.tables import Base
 
 TABLES = {"receipts", "receipt_transitions", "proxy_instances", "duplicate_refusals", "verifier_controls", "audit_checkpoints",
@@ -116,3 +118,35 @@ def test_0003_marks_answers_stored_before_it_as_not_replayable(db_url):
     finally:
         engine.dispose()
     assert {op: bool(v) for op, v in marked.items()} == {"op_with_answer": True, "op_without": False}
+
+
+def test_0007_numbers_the_receipts_in_their_creation_rows_order_and_the_rest_after(db_url):
+    """receipts.seq for the receipts already there: the order of their creation rows (not of their clocks'
+    created_at), then the receipts without one, in created_at order; and a receipt journaled after the upgrade
+    comes after all of them (SQLite's max + 1; PostgreSQL's sequence, set past them)."""
+    cfg = alembic_config(db_url)
+    command.upgrade(cfg, "0006")
+    engine = make_engine(db_url)
+    try:
+        receipt = text(
+            "INSERT INTO receipts (operation_id, operation, method, scheme, host, port, path, intent_fingerprint,"
+            " account, state, created_at, updated_at)"
+            " VALUES (:op, 'x', 'PUT', 'https', 'h', 443, '/', :fp, 'acct', 'submitted', :at, :at)"
+        )
+        detail = "CAST('{}' AS JSON)" if engine.dialect.name == "postgresql" else "'{}'"
+        row = text(f"INSERT INTO receipt_transitions (operation_id, from_state, to_state, recorded_at, detail) VALUES (:op, :frm, :to, :at, {detail})")
+        at = {"op_a": "2026-01-01 10:00:05", "op_b": "2026-01-01 10:00:00", "op_z_earlier": "2026-01-01 09:00:00", "op_y_later": "2026-01-01 09:30:00"}
+        with engine.begin() as conn:
+            for op in ("op_a", "op_b", "op_y_later", "op_z_earlier"):
+                conn.execute(receipt, {"op": op, "fp": f"sha256:{op}", "at": at[op]})
+            for op in ("op_a", "op_b"):  # op_a journaled first, though its clock said later
+                conn.execute(row, {"op": op, "frm": None, "to": "planned", "at": at[op]})
+                conn.execute(row, {"op": op, "frm": "planned", "to": "submitted", "at": at[op]})
+        command.upgrade(cfg, "head")
+        ReceiptStore(engine).receipts.record(new := intent(proxy_instance="me"))
+        with engine.connect() as conn:
+            seq = dict(conn.exec_driver_sql("SELECT operation_id, seq FROM receipts").all())
+    finally:
+        engine.dispose()
+    assert None not in seq.values(), seq
+    assert seq["op_a"] < seq["op_b"] < seq["op_z_earlier"] < seq["op_y_later"] < seq[new.operation_id], seq

@@ -92,3 +92,35 @@ def test_a_told_verdict_replaces_a_recoverys_guess_and_an_untold_one_does_not(wr
         assert "replaces" in history[-1].detail
     else:
         assert isinstance(reply, Failed) and reply.actual == "outcome_unknown"
+
+
+def test_a_writer_whose_proxy_dies_while_its_batch_runs_commits_the_verdicts_and_none_of_the_records(writer, store, monkeypatch):
+    """The proxy dies after the batch began (it was not orphaned when the batch was read): the batch is not
+    committed as it is; it runs again without its records, and its verdicts commit."""
+    op, head = submitted(writer)
+    new = intent(proxy_instance="me")
+    looks = iter([False])  # alive at the batch's start; dead from its first look inside the transaction on
+
+    monkeypatch.setattr(writer, "_orphaned", lambda: next(looks, True))
+    replies = writer.run([
+        (2, Record(new, REPLAY, "me")),
+        (3, Advance(op, "submitted", "succeeded", {"who": "me"}, {"status_code": 201}, head=head, answered=True)),
+    ])
+    assert [request_id for request_id, _ in replies] == [3] and isinstance(replies[0][1], Done)
+    assert store.receipts.get(op).state == "succeeded"
+    with pytest.raises(ReceiptNotFoundError):
+        store.receipts.get(new.operation_id)
+
+
+def test_a_told_outcome_unknown_verdict_that_finds_a_recoverys_outcome_unknown_is_done_with_nothing_written(writer, store):
+    """The agent was told outcome_unknown (a failure after the send) and a recovery guessed the same first: the
+    journal already says what the agent was told, so the verdict is answered as written, and adds no row."""
+    op, head = submitted(writer)
+    store.receipts.transition(op, "submitted", "outcome_unknown", {"who": "recovery", "error": "proxy_interrupted"},
+                              error_code="proxy_interrupted")  # fmt: skip
+    [(_, reply)] = writer.run([
+        (2, Advance(op, "submitted", "outcome_unknown", {"who": "me"}, {"error_code": "proxy_error"}, head=head, answered=True)),
+    ])
+    assert isinstance(reply, Done), reply
+    assert [t.to_state for t in store.receipts.history(op)] == ["planned", "submitted", "outcome_unknown"]
+    assert store.receipts.get(op).error_code == "proxy_interrupted"
