@@ -195,24 +195,26 @@ class WriteHandler:
         keepalive = policy.upstream_keepalive if policy.upstream_connections == "reuse" else None
         timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline, keepalive)
         result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
+        state: str | None = None  # the verdict's, once handed over
         try:
             verdict = facts.call.verdict(send_verdict(result, policy, rule), result)  # what its protocol says
             state = await self._record_verdict(intent, facts.call.stored(result), verdict, policy, head)
             reply = answers.with_receipt(_answer(intent, result, verdict), operation_id, state)
         except Exception as e:  # sent, so never the addon's fail-closed "not sent" 503: outcome_unknown
             log.exception("verdict_failed_after_send", error=repr(e))
-            return await self._unknown_after_send(operation_id, head, e)
+            return await self._unknown_after_send(operation_id, head, e, state)
         return Handled(reply, {"operation_id": operation_id, "state": state})
 
-    async def _unknown_after_send(self, operation_id: str, head: str | None, error: Exception) -> Handled:
-        """The proxy failed between the send and the answer: the upstream may have acted, and the agent is told
-        so (504 outcome-unknown), as the journal is, unless a verdict was handed over already."""
+    async def _unknown_after_send(self, operation_id: str, head: str | None, error: Exception, state: str | None) -> Handled:
+        """The proxy failed between the send and the answer: the agent cannot have the upstream's answer, and is
+        told so (504 outcome-unknown). The journal says outcome_unknown too, unless the verdict was handed over
+        already (`state`): then X-Receipt-State names that state, which the journal ends in."""
         why = f"the proxy failed after the request was sent ({type(error).__name__})"
-        state = State.OUTCOME_UNKNOWN.value
-        if operation_id not in self.verdicts.recording:
+        if state is None and operation_id not in self.verdicts.recording:
             unknown = Verdict(State.OUTCOME_UNKNOWN, {"error_code": "proxy_error", "error_message": why}, {"who": self.instance_id, "error": "proxy_error"})
             state = await self.verdicts.record(operation_id, unknown, unknown.detail, unknown.updates, head)
-        reply = answers.with_receipt(answers.outcome_unknown(operation_id, why[0].upper() + why[1:], None), operation_id, state)
+        state = state or State.OUTCOME_UNKNOWN.value
+        reply = answers.with_receipt(answers.outcome_unknown(operation_id, why[0].upper() + why[1:], None, state), operation_id, state)
         return Handled(reply, {"operation_id": operation_id, "state": state})
 
     def _settled(self, operation_id: str) -> None:

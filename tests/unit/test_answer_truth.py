@@ -320,3 +320,19 @@ def test_a_handler_replaced_at_run_time_stops_its_writer_once_its_writes_are_don
 
     run(f, script=script)
     assert seen == {"closed": True, "in_flight": frozenset(), "state": "succeeded"}, seen
+
+
+def test_a_failure_after_the_verdict_was_handed_over_names_the_verdicts_state(journal, monkeypatch):
+    """The upstream answered 201 and its verdict was handed over, then building the answer failed: the agent gets
+    504 (it cannot have the upstream's answer), with the state the journal ends in, not a guessed outcome_unknown
+    the journal never reaches (fault invariant 6)."""
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("a bug while the answer was made")
+
+    monkeypatch.setattr("proxy_addon.request.handler._answer", broken)
+    run, addon, sender = journal(created())
+    f = run(post())
+    assert len(sender.sent) == 1 and f.response.status_code == 504
+    assert f.response.headers["X-Receipt-State"] == "succeeded" == json.loads(f.response.content)["state"]
+    assert states(addon, op_of(f))[-1] == "succeeded"
