@@ -17,18 +17,20 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Column, ColumnElement, Connection, Table, and_, delete, func, insert, select
+from sqlalchemy import Column, ColumnElement, Connection, Table, and_, delete, func, insert, select, text
 
 from proxy_addon.config import RetentionSettings
 from proxy_addon.rules.records import JournalStats, utcnow
-from proxy_addon.rules.states import OPEN_STATES, TERMINAL_STATES, ApprovalState, State
+from proxy_addon.rules.states import OPEN_STATES, ApprovalState, State
 from proxy_addon.store.audit import record_pruned
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import receipts, transitions
-from proxy_addon.store.tables import Approval, DuplicateRefusal, ReceiptCount, VerifierControl
+from proxy_addon.store.tables import TERMINAL_PREDICATE, Approval, DuplicateRefusal, ReceiptCount, VerifierControl
 
-BATCH = 500  # receipts per prune transaction (a few ms to tens of ms: see docs/performance.md, "Prune")
-PAUSE = 0.01  # seconds between two batches: the journal's writers go first
+BATCH = 500  # receipts per prune transaction at most (and rows of the other tables per transaction)
+MIN_BATCH = 50
+BATCH_SECONDS = 0.04  # what a batch of receipts should take: its size follows (docs/performance.md, "Prune")
+PAUSE = 0.01  # seconds between two batches at least: the journal's writers go first
 _counts: Table = ReceiptCount.__table__  # type: ignore[assignment]
 _refusals: Table = DuplicateRefusal.__table__  # type: ignore[assignment]
 _approvals: Table = Approval.__table__  # type: ignore[assignment]
@@ -145,10 +147,15 @@ class Retention:
             return int(conn.execute(select(func.count()).where(which)).scalar_one())
 
     def _batches(self, which: ColumnElement[bool], pause: float, stop: Callable[[], bool]) -> Iterator[int]:
-        """Delete the receipts `which` selects BATCH at a time (the oldest first); each batch's count."""
+        """Delete the receipts `which` selects, the oldest first, in batches sized to hold the journal's write lock
+        for about BATCH_SECONDS each (on SQLite one writer at a time: the proxies' writes wait for a batch), with
+        at least as long a pause after each (a writer waiting on the lock polls it: it must find it free); each
+        batch's count."""
+        size = BATCH
         while not stop():
             with self.db.writing() as conn:
-                ids = select(receipts.c.operation_id).where(which).order_by(receipts.c.completed_at).limit(BATCH)
+                held = time.monotonic()  # the journal's write lock is this batch's from here (SQLite) to its commit
+                ids = select(receipts.c.operation_id).where(which).order_by(receipts.c.completed_at).limit(size)
                 chosen = list(conn.execute(ids).scalars())
                 if not chosen:
                     return
@@ -157,8 +164,10 @@ class Retention:
                 conn.execute(delete(transitions).where(transitions.c.operation_id.in_(chosen)))
                 deleted = conn.execute(delete(receipts).where(batch)).rowcount or 0
                 _fold(conn)
+            took = time.monotonic() - held  # not the wait for the lock: the writers had it meanwhile
             yield deleted
-            time.sleep(pause)
+            size = min(BATCH, max(MIN_BATCH, int(size * BATCH_SECONDS / max(took, 1e-3))))
+            time.sleep(max(pause, took) if pause else 0)
 
     def _prune_by_age(self, table: Table, which: ColumnElement[bool], pause: float, key: Column[Any] | None = None) -> int:
         """Delete the rows of `table` that `which` selects, BATCH at a time by their key; how many."""
@@ -181,7 +190,10 @@ class Retention:
 
 
 def _old_terminal(cutoff: datetime, hosts: "Hosts" = None) -> ColumnElement[bool]:
-    old = and_(receipts.c.completed_at < cutoff, receipts.c.state.in_([s.value for s in TERMINAL_STATES]))
+    """Terminal receipts completed before `cutoff`: the predicate of ix_receipts_terminal_completed_at word for
+    word (a literal list, which SQLite needs to use a partial index), so that a batch starts at that index's
+    oldest entry instead of sorting every terminal receipt."""
+    old = and_(receipts.c.completed_at < cutoff, text(TERMINAL_PREDICATE))
     if hosts is None:
         return old
     only, names = hosts

@@ -27,6 +27,7 @@ from proxy_addon.rules.states import (
     INVALIDATING_METHODS,
     NOT_HAPPENED_STATES,
     OPEN_STATES,
+    TERMINAL_STATES,
     ApprovalState,
     ControlKind,
     ControlResult,
@@ -71,6 +72,7 @@ HASH_LENGTH = 71  # "sha256:" and 64 hex digits
 _STATE_LIST = ", ".join(f"'{s.value}'" for s in State)
 _OPEN_LIST = ", ".join(f"'{s.value}'" for s in sorted(OPEN_STATES))
 OPEN_STATE_PREDICATE = f"state IN ({_OPEN_LIST})"
+TERMINAL_PREDICATE = f"state IN ({', '.join(repr(s.value) for s in sorted(TERMINAL_STATES))})"
 # A write that may have changed its target: an invalidating method, not known not to have happened. The
 # statements that ask it repeat this text exactly, so that both databases use the partial index it defines.
 INVALIDATING_PREDICATE = (
@@ -141,7 +143,13 @@ class Receipt(Base):
         Index("ix_receipts_state_next_attempt", "state", "next_attempt_at"),
         Index("ix_receipts_proxy_instance_state", "proxy_instance", "state"),
         Index("ix_receipts_seq", "seq", unique=True),
-        Index("ix_receipts_completed_at", "completed_at"),  # prune and retention, the oldest first
+        # prune and retention: the oldest terminal receipts first, a batch at a time (store/retention.py)
+        Index(
+            "ix_receipts_terminal_completed_at",
+            "completed_at",
+            sqlite_where=text(TERMINAL_PREDICATE),
+            postgresql_where=text(TERMINAL_PREDICATE),
+        ),
         # The writes that may end the replay window of earlier successes on their target (journal/statements.py):
         # only these, so that the question costs an index probe however many other writes the account made.
         Index(

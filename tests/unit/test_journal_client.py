@@ -22,6 +22,7 @@ from proxy_addon.journal.client import JournalClient, WriterThread
 from proxy_addon.journal.messages import Blocked, Done, Failed, Ready, Record, Setup, frame, split_frames
 from proxy_addon.journal.writer import JournalWriter
 from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.records import Intent
 from proxy_addon.rules.states import State
 
 DEFAULT_WINDOW = successes_block_for(AfterSuccess())  # what a Record carries for the default policy
@@ -65,6 +66,35 @@ class DeadAtStart(SilentWriter):
     def __init__(self) -> None:
         super().__init__(ready=False)
         self.die()
+
+
+class Writers:
+    """The SilentWriters a client starts, one after another; `second` is set when it starts the second one."""
+
+    def __init__(self) -> None:
+        self.started: list[SilentWriter] = []
+        self.second = asyncio.Event()  # made inside the test's event loop (each test runs its own)
+
+    def start(self) -> SilentWriter:
+        self.started.append(SilentWriter())
+        if len(self.started) == 2:
+            self.second.set()
+        return self.started[-1]
+
+
+async def verdict_held_by_the_first(client: JournalClient, writers: Writers) -> tuple[Intent, asyncio.Future]:
+    """A write recorded through the first writer (answered by hand), then its told verdict handed over and held
+    by that writer; the intent, and the future the verdict's callback answers."""
+    it = intent(proxy_instance="me")
+    first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
+    await asyncio.sleep(0)  # the client starts its writer
+    [_setup, (record_id, _)] = await writers.started[0].received(2)
+    writers.started[0].other.sendall(frame(record_id, Done("sha256:head")))
+    await first
+    answers: asyncio.Future = asyncio.get_running_loop().create_future()
+    client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", answers.set_result, answered=True)
+    await writers.started[0].received(3)
+    return it, answers
 
 
 async def recorded_once_started(client: JournalClient, attempts: int = 60) -> None:
@@ -168,37 +198,21 @@ def test_a_verdict_a_dying_writer_held_goes_first_to_the_next_writer_which_is_st
     """The writer dies holding a verdict (its agent may have been told it): the verdict is not failed; a new
     writer is started for it at once, without waiting for the next write, and it is that writer's first frame
     after its setup, before a record handed over meanwhile (which a repeat of the intent would be)."""
-    writers: list[SilentWriter] = []
-    second: list[asyncio.Event] = []
-
-    def start() -> SilentWriter:
-        writers.append(SilentWriter())
-        if len(writers) == 2:
-            second[0].set()
-        return writers[-1]
+    writers = Writers()
 
     async def go() -> None:
-        second.append(asyncio.Event())
-        client = JournalClient(Setup(url, log_level="error"), start)
-        it = intent(proxy_instance="me")
-        first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
-        await asyncio.sleep(0)  # the client starts its writer
-        [_setup, (record_id, _)] = await writers[0].received(2)
-        writers[0].other.sendall(frame(record_id, Done("sha256:head")))
-        await first
-        answers: asyncio.Future = asyncio.get_running_loop().create_future()
-        client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", answers.set_result, answered=True)
-        await writers[0].received(3)
-        writers[0].die()
-        await second[0].wait()  # started for the verdict, not for a write (bounded by the test's own timeout)
+        client = JournalClient(Setup(url, log_level="error"), writers.start)
+        it, answers = await verdict_held_by_the_first(client, writers)
+        writers.started[0].die()
+        await writers.second.wait()  # started for the verdict, not for a write (bounded by the test's own timeout)
         repeat = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
-        [_setup, (kept_id, kept), (repeat_id, record)] = await writers[1].received(3)
+        [_setup, (kept_id, kept), (repeat_id, record)] = await writers.started[1].received(3)
         assert (type(kept).__name__, kept.operation_id, kept.to, kept.answered) == ("Advance", it.operation_id, "succeeded", True)
         assert type(record).__name__ == "Record" and repeat_id > kept_id
         assert not answers.done()  # not failed by the first writer's death
-        writers[1].other.sendall(frame(kept_id, Done("sha256:next")))
+        writers.started[1].other.sendall(frame(kept_id, Done("sha256:next")))
         assert await answers is None
-        writers[1].other.sendall(frame(repeat_id, Done("sha256:other")))
+        writers.started[1].other.sendall(frame(repeat_id, Done("sha256:other")))
         await repeat
         await client.aclose()
 
@@ -434,39 +448,31 @@ def test_a_verdict_handed_over_while_no_writer_runs_starts_one_for_it_at_once(ur
     """The writer died between a record's answer and its verdict, holding nothing: the verdict handed over then is
     kept, and a writer is started for it at once, not with the next write (which may never come: the verdict's
     receipt stays open, and shutdown waits for it, until it is written)."""
-    writers: list[SilentWriter] = []
-    second: list[asyncio.Event] = []
-
-    def start() -> SilentWriter:
-        writers.append(SilentWriter())
-        if len(writers) == 2:
-            second[0].set()
-        return writers[-1]
+    writers = Writers()
 
     async def go() -> None:
-        second.append(asyncio.Event())
-        client = JournalClient(Setup(url, log_level="error"), start)
+        client = JournalClient(Setup(url, log_level="error"), writers.start)
         it = intent(proxy_instance="me")
         first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
         await asyncio.sleep(0)  # the client starts its writer
-        [_setup, (record_id, _)] = await writers[0].received(2)
-        writers[0].other.sendall(frame(record_id, Done("sha256:head")))
+        [_setup, (record_id, _)] = await writers.started[0].received(2)
+        writers.started[0].other.sendall(frame(record_id, Done("sha256:head")))
         await first
-        writers[0].die()
+        writers.started[0].die()
         for _ in range(1000):  # the client sees its writer gone (bounded)
             if client._link is None:
                 break
             await asyncio.sleep(0.005)
-        assert client._link is None and len(writers) == 1  # nothing was held: no writer started yet
+        assert client._link is None and len(writers.started) == 1  # nothing was held: no writer started yet
         answers: asyncio.Future = asyncio.get_running_loop().create_future()
         client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", answers.set_result, answered=True)
         try:
-            await asyncio.wait_for(second[0].wait(), 10)
+            await asyncio.wait_for(writers.second.wait(), 10)
         except TimeoutError:
             pytest.fail("no writer was started for the verdict")
-        [_setup, (kept_id, kept)] = await writers[1].received(2)
+        [_setup, (kept_id, kept)] = await writers.started[1].received(2)
         assert (type(kept).__name__, kept.operation_id, kept.to) == ("Advance", it.operation_id, "succeeded")
-        writers[1].other.sendall(frame(kept_id, Done("sha256:next")))
+        writers.started[1].other.sendall(frame(kept_id, Done("sha256:next")))
         assert await answers is None
         await client.aclose()
 
@@ -476,27 +482,11 @@ def test_a_verdict_handed_over_while_no_writer_runs_starts_one_for_it_at_once(ur
 def test_a_write_handed_over_the_moment_the_next_writer_is_usable_goes_after_the_kept_verdict(url: str) -> None:
     """The kept verdicts are on the new writer's socket before it is usable by anyone: a write that starts as soon
     as the client has a stream again (looked at on every turn of the event loop) still reaches it after them."""
-    writers: list[SilentWriter] = []
-    second: list[asyncio.Event] = []
-
-    def start() -> SilentWriter:
-        writers.append(SilentWriter())
-        if len(writers) == 2:
-            second[0].set()
-        return writers[-1]
+    writers = Writers()
 
     async def go() -> None:
-        second.append(asyncio.Event())
-        client = JournalClient(Setup(url, log_level="error"), start)
-        it = intent(proxy_instance="me")
-        first = asyncio.ensure_future(client.record(it, AfterSuccess(), "me"))
-        await asyncio.sleep(0)  # the client starts its writer
-        [_setup, (record_id, _)] = await writers[0].received(2)
-        writers[0].other.sendall(frame(record_id, Done("sha256:head")))
-        await first
-        answers: asyncio.Future = asyncio.get_running_loop().create_future()
-        client.advance_now(it.operation_id, State.SUBMITTED, State.SUCCEEDED, {"who": "me"}, {}, "sha256:head", answers.set_result, answered=True)
-        await writers[0].received(3)
+        client = JournalClient(Setup(url, log_level="error"), writers.start)
+        it, answers = await verdict_held_by_the_first(client, writers)
         old_stream = client._stream
 
         async def write_once_usable() -> str | None:
@@ -506,11 +496,11 @@ def test_a_write_handed_over_the_moment_the_next_writer_is_usable_goes_after_the
             return await client.record(intent(proxy_instance="me"), AfterSuccess(), "me")
 
         repeat = asyncio.ensure_future(write_once_usable())
-        writers[0].die()
-        await second[0].wait()  # started for the kept verdict (bounded by the test's own timeout)
-        [_setup, (a_id, a), (b_id, b)] = await writers[1].received(3)
+        writers.started[0].die()
+        await writers.second.wait()  # started for the kept verdict (bounded by the test's own timeout)
+        [_setup, (a_id, a), (b_id, b)] = await writers.started[1].received(3)
         assert [type(a).__name__, type(b).__name__] == ["Advance", "Record"], (a, b)
-        writers[1].other.sendall(frame(a_id, Done("sha256:next")) + frame(b_id, Done("sha256:other")))
+        writers.started[1].other.sendall(frame(a_id, Done("sha256:next")) + frame(b_id, Done("sha256:other")))
         assert await answers is None
         await repeat
         await client.aclose()
