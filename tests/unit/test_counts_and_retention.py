@@ -8,7 +8,7 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, insert, select, update
 from support.e2e import wait_for
 from support.store import S, intent, recorded, walk
 
@@ -19,7 +19,7 @@ from proxy_addon.rules.records import utcnow
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store import retention as retention_module
 from proxy_addon.store.receipts import receipts
-from proxy_addon.store.tables import ReceiptCount
+from proxy_addon.store.tables import ReceiptCount, VerifierControl
 
 counts_table = ReceiptCount.__table__
 
@@ -143,3 +143,22 @@ def test_housekeeping_folds_the_counts_and_applies_retention_in_the_background(s
 
     asyncio.run(life())
     assert counted(store) == {} and kept(store) == {}
+
+
+def test_prune_keeps_each_rules_newest_control_run_however_old(store):
+    """A rule's health shows its newest control run: an old one is pruned only when a newer run of the same rule
+    and control exists."""
+    controls = VerifierControl.__table__
+    now = utcnow()
+
+    def run(days: float, control: str = "positive", rule: str = "sha256:rule-a") -> dict:
+        return {"checked_at": now - timedelta(days=days), "host": "api.example.com", "port": 443, "operation": "x.create",
+                "account": "acct:alice", "rule": rule, "control": control, "result": "passed", "evidence": {}}
+
+    with store.engine.begin() as c:
+        c.execute(insert(controls), [run(40), run(30), run(20, "negative"), run(10, rule="sha256:rule-b"), run(0)])
+    pruned = store.retention.prune(timedelta(days=7), pause=0)
+    with store.engine.connect() as c:
+        left = sorted((r.rule, r.control, round((now - r.checked_at).total_seconds() / 86400)) for r in c.execute(select(controls)))
+    assert left == [("sha256:rule-a", "negative", 20), ("sha256:rule-a", "positive", 0), ("sha256:rule-b", "positive", 10)]
+    assert pruned.control_runs == 2
