@@ -49,6 +49,39 @@ class HeldVerdicts:
         monkeypatch.setattr(JournalWriter, "run", run)
 
 
+class HeldAtUpstream:
+    """The fake sender's writes wait at the upstream until `answer()`; `arrived` is set as each one gets there.
+    Its events are made on first use, inside the test's event loop. And a second config file, for a runtime
+    change of receipts_config."""
+
+    def __init__(self, sender: Any, tmp_path: Any):
+        self._events: tuple[asyncio.Event, asyncio.Event] | None = None
+        scripted = sender.send_once
+
+        async def held(*args: Any) -> SendResult:
+            arrived, answers = self.events()
+            arrived.set()
+            await answers.wait()
+            return await scripted(*args)
+
+        sender.send_once = held
+        self.other_config = tmp_path / "other.yaml"
+        self.other_config.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n")
+
+    def events(self) -> tuple[asyncio.Event, asyncio.Event]:
+        if self._events is None:
+            self._events = (asyncio.Event(), asyncio.Event())
+        return self._events
+
+    async def arrival(self) -> None:
+        arrived, _ = self.events()
+        await asyncio.wait_for(arrived.wait(), HOLD)
+        arrived.clear()
+
+    def answer(self) -> None:
+        self.events()[1].set()
+
+
 @pytest.mark.parametrize(
     ("flow", "result", "config", "state"),
     [
@@ -149,39 +182,25 @@ def test_a_handler_replaced_at_run_time_finishes_its_writes_which_the_heartbeat_
     that write's verdict is still committed (its journal stays open until then), and meanwhile the heartbeat's
     orphan sweep counts it, and the new handler's writes, as in flight."""
     run, addon, sender = journal(created(), created(b'{"id": 8}'))
-    at_upstream, upstream_answers = asyncio.Event(), None
-    scripted = sender.send_once
-
-    async def held(*args: Any) -> SendResult:
-        at_upstream.set()
-        assert upstream_answers is not None
-        await upstream_answers.wait()
-        return await scripted(*args)
-
-    sender.send_once = held  # type: ignore[method-assign]
-    other = tmp_path / "other.yaml"
-    other.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n")
+    upstream = HeldAtUpstream(sender, tmp_path)
     old_write, new_write = post(b'{"n": 1}'), post(b'{"n": 2}')
     seen: dict[str, frozenset[str]] = {}
 
     async def script(addon: Receipts) -> None:
-        nonlocal upstream_answers
-        upstream_answers = asyncio.Event()
         heartbeat = Heartbeat(addon)
         await heartbeat.running()
         try:
             first = asyncio.ensure_future(addon.request(old_write))
-            await asyncio.wait_for(at_upstream.wait(), HOLD)
+            await upstream.arrival()
             old_handler = addon.handler
-            ctx.options.update(receipts_config=str(other))
+            ctx.options.update(receipts_config=str(upstream.other_config))
             assert addon.handler is not old_handler and addon.handler is not None
             addon.handler.sender = sender
-            at_upstream.clear()
             second = asyncio.ensure_future(addon.request(new_write))
-            await asyncio.wait_for(at_upstream.wait(), HOLD)
+            await upstream.arrival()
             assert heartbeat.liveness is not None
             seen["in_flight"] = heartbeat.liveness.in_flight()  # type: ignore[misc]
-            upstream_answers.set()
+            upstream.answer()
             await asyncio.wait_for(asyncio.gather(first, second), HOLD)
             await addon.done()
         finally:
@@ -286,30 +305,17 @@ def test_a_handler_replaced_at_run_time_stops_its_writer_once_its_writes_are_don
     """Not only at shutdown: the replaced handler waits for the write it still has at its upstream, then (its
     verdict committed) stops its journal writer and is no longer counted; it is not left running."""
     run, addon, sender = journal(created())
-    at_upstream, upstream_answers = asyncio.Event(), None
-    scripted = sender.send_once
-
-    async def held(*args: Any) -> SendResult:
-        at_upstream.set()
-        assert upstream_answers is not None
-        await upstream_answers.wait()
-        return await scripted(*args)
-
-    sender.send_once = held  # type: ignore[method-assign]
-    other = tmp_path / "other.yaml"
-    other.write_text(f"secret_file: {tmp_path / 'secret'}\nlogging: {{level: error}}\n")
+    upstream = HeldAtUpstream(sender, tmp_path)
     f = post()
     seen: dict[str, Any] = {}
 
     async def script(addon: Receipts) -> None:
-        nonlocal upstream_answers
-        upstream_answers = asyncio.Event()
         request = asyncio.ensure_future(addon.request(f))
-        await asyncio.wait_for(at_upstream.wait(), HOLD)
+        await upstream.arrival()
         old_handler = addon.handler
         assert old_handler is not None
-        ctx.options.update(receipts_config=str(other))
-        upstream_answers.set()
+        ctx.options.update(receipts_config=str(upstream.other_config))
+        upstream.answer()
         await asyncio.wait_for(request, HOLD)
         for _ in range(1000):  # before any shutdown (bounded: 10 s)
             if old_handler.journal.closed:

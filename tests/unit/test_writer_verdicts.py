@@ -43,12 +43,18 @@ def submitted(writer: JournalWriter) -> tuple[str, str]:
     return it.operation_id, done.head
 
 
-def test_an_orphaned_writer_commits_the_verdicts_it_holds_and_drops_its_records(writer, store):
+@pytest.mark.parametrize("dies", ["before its batch", "while its batch runs"])
+def test_an_orphaned_writer_commits_the_verdicts_it_holds_and_drops_its_records(writer, store, monkeypatch, dies):
     """Its proxy died: nobody will send what a record records, so none is committed; a verdict is what the
-    upstream answered (its agent may have been told it), so it is."""
+    upstream answered (its agent may have been told it), so it is. Whether the proxy died before the batch was
+    read, or after it began: then the batch is not committed as it is, and runs again without its records."""
     op, head = submitted(writer)
     new = intent(proxy_instance="me")
-    writer.proxy_pid = -1  # as if the proxy that started it had died (its parent is someone else now)
+    if dies == "before its batch":
+        writer.proxy_pid = -1  # as if the proxy that started it had died (its parent is someone else now)
+    else:
+        looks = iter([False])  # alive at the batch's start; dead from its first look inside the transaction on
+        monkeypatch.setattr(writer, "_orphaned", lambda: next(looks, True))
     replies = writer.run([
         (2, Record(new, REPLAY, "me")),
         (3, Advance(op, "submitted", "succeeded", {"who": "me"}, {"status_code": 201}, head=head, answered=True)),
@@ -92,24 +98,6 @@ def test_a_told_verdict_replaces_a_recoverys_guess_and_an_untold_one_does_not(wr
         assert "replaces" in history[-1].detail
     else:
         assert isinstance(reply, Failed) and reply.actual == "outcome_unknown"
-
-
-def test_a_writer_whose_proxy_dies_while_its_batch_runs_commits_the_verdicts_and_none_of_the_records(writer, store, monkeypatch):
-    """The proxy dies after the batch began (it was not orphaned when the batch was read): the batch is not
-    committed as it is; it runs again without its records, and its verdicts commit."""
-    op, head = submitted(writer)
-    new = intent(proxy_instance="me")
-    looks = iter([False])  # alive at the batch's start; dead from its first look inside the transaction on
-
-    monkeypatch.setattr(writer, "_orphaned", lambda: next(looks, True))
-    replies = writer.run([
-        (2, Record(new, REPLAY, "me")),
-        (3, Advance(op, "submitted", "succeeded", {"who": "me"}, {"status_code": 201}, head=head, answered=True)),
-    ])
-    assert [request_id for request_id, _ in replies] == [3] and isinstance(replies[0][1], Done)
-    assert store.receipts.get(op).state == "succeeded"
-    with pytest.raises(ReceiptNotFoundError):
-        store.receipts.get(new.operation_id)
 
 
 def test_a_told_outcome_unknown_verdict_that_finds_a_recoverys_outcome_unknown_is_done_with_nothing_written(writer, store):
