@@ -152,27 +152,24 @@ class Receipts:
     async def _finish(handler: WriteHandler) -> None:
         """Wait for the handler's requests (still at their upstreams) and their verdicts, then close its parts."""
         await handler.idle()
-        await handler.drain()  # the verdicts still being committed, before the writer stops
-        await handler.waiters.aclose()
-        await handler.sender.aclose()
-        await handler.journal.aclose()
+        await handler.aclose()
         handler.store.engine.dispose()
+
+    def _handlers(self) -> list[WriteHandler]:
+        """The current handler and the retired ones still finishing."""
+        return [*self._retired, *([self.handler] if self.handler is not None else [])]
 
     def in_flight(self) -> frozenset[str]:
         """The operation ids this process is working on, the retired handlers' included (the orphan sweep's)."""
-        handlers = [*self._retired, *([self.handler] if self.handler is not None else [])]
-        return frozenset().union(*(h.in_flight for h in handlers))
+        return frozenset().union(*(h.in_flight for h in self._handlers()))
 
     def running(self) -> None:
         if self.journal is not None:
             self.journal.start_soon()
 
     async def done(self) -> None:
-        for handler in [*self._retired, *([self.handler] if self.handler is not None else [])]:
-            await handler.drain()  # the verdicts still being committed, before the writer stops
-            await handler.waiters.aclose()
-            await handler.sender.aclose()
-            await handler.journal.aclose()
+        for handler in self._handlers():
+            await handler.aclose()  # the verdicts still being committed, before the writer stops
         if self.handler is None and self.journal is not None:
             await self.journal.aclose()
         tracing.shut_down()  # the spans still queued are exported before the process ends

@@ -233,6 +233,13 @@ class WriteHandler:
         """Wait for the verdicts still being committed (shutdown): request/recording.py."""
         await self.verdicts.drain()
 
+    async def aclose(self) -> None:
+        """Wait for the verdicts still being committed, then stop the waiters, the sender and the journal writer."""
+        await self.drain()
+        await self.waiters.aclose()
+        await self.sender.aclose()
+        await self.journal.aclose()
+
     async def _on_journal_thread[T](self, work: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, work, *args)
 
@@ -376,18 +383,15 @@ class WriteHandler:
         detail: dict[str, Any],
         updates: dict[str, Any],
         head: str | None,
-        writer_failed: JournalUnavailableError | None = None,
     ) -> None:
-        """Through the writer (unless it `writer_failed` already); if it failed or died meanwhile, once more
-        through the store's general path (a writer that committed the verdict before it died leaves the receipt
+        """A receipt closed by the proxy itself (not sent): through the writer; if it failed or died meanwhile, once
+        more through the store's general path (a writer that committed the step before it died leaves the receipt
         in that state already), which reads the history head itself."""
-        if writer_failed is None:
-            try:
-                await self.journal.advance(operation_id, State.SUBMITTED, to, detail, updates, head)
-                return
-            except JournalUnavailableError as e:
-                writer_failed = e
-        log.warning("verdict_through_writer_failed", operation_id=operation_id, error=str(writer_failed))
+        try:
+            await self.journal.advance(operation_id, State.SUBMITTED, to, detail, updates, head)
+            return
+        except JournalUnavailableError as e:
+            log.warning("verdict_through_writer_failed", operation_id=operation_id, error=str(e))
 
         def general_path() -> None:
             try:

@@ -2,11 +2,11 @@
 
 Counts are read from `receipt_counts`, which the database keeps in the same transaction as every change of
 `receipts` (migration 0008): summing a few rows per host and state, not counting the history. The rows the
-triggers add are folded together now and then (`fold_counts`: by the proxy's heartbeat and after each batch
-of a prune), so that the sum stays a few rows per host and state.
+triggers add are folded together now and then (`fold_counts`: by the proxy's Housekeeping addon every heartbeat
+interval, and in each batch of a prune), so that the sum stays a few rows per host and state.
 
-Pruning goes in small batches, each its own short transaction (BATCH receipts, or fewer), so that the journal's
-writers wait for one batch at most (on SQLite, one writer at a time: a prune of a year in one transaction held
+Pruning goes in small batches, each its own short transaction (sized to hold the write lock about BATCH_SECONDS),
+so that the journal's writers wait for one batch at most (on SQLite, one writer at a time: a prune of a year in one transaction held
 the write lock for 40 s): resumable (each batch committed is done), each receipt recorded as pruned with its
 history head in its batch (store/audit.py), and the other tables pruned by their own age.
 """
