@@ -56,8 +56,10 @@ class Housekeeping:
             log.info("retention_pruned", **pruned.as_dict())
 
     async def done(self) -> None:
+        """Stop, and wait for the work on its thread (a fold, or a prune's current batch: it stops between two),
+        so that no connection of it outlives the proxy's shutdown."""
         self._stopping.set()
         if self._task is not None:
             self._task.cancel()
         if self.executor is not None:
-            self.executor.shutdown(wait=False)
+            await asyncio.get_running_loop().run_in_executor(None, self.executor.shutdown)

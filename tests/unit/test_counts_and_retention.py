@@ -4,6 +4,7 @@ store's writes, a person's SQL, prune), folded or not; prune goes in batches, re
 honours each host's own age; `retention:` is parsed and applied by the Housekeeping addon."""
 
 import asyncio
+import threading
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -162,3 +163,29 @@ def test_prune_keeps_each_rules_newest_control_run_however_old(store):
         left = sorted((r.rule, r.control, round((now - r.checked_at).total_seconds() / 86400)) for r in c.execute(select(controls)))
     assert left == [("sha256:rule-a", "negative", 20), ("sha256:rule-a", "positive", 0), ("sha256:rule-b", "positive", 10)]
     assert pruned.control_runs == 2
+
+
+def test_housekeeping_is_done_only_once_the_work_on_its_thread_is(store, monkeypatch):
+    """Shutdown waits for a fold (or a prune's batch) under way: no connection of it outlives the proxy (a test's
+    database could not be dropped while one was still in use)."""
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_fold() -> int:
+        started.set()
+        release.wait(10)
+        finished.set()
+        return 0
+
+    monkeypatch.setattr(store.retention, "fold_counts", slow_fold)
+    housekeeping = Housekeeping(SimpleNamespace(config=parse_config(""), store=store))  # type: ignore[arg-type]
+
+    async def life() -> None:
+        housekeeping.running()
+        assert await asyncio.to_thread(started.wait, 10)
+        closing = asyncio.ensure_future(housekeeping.done())
+        await asyncio.sleep(0)  # done() has begun
+        release.set()
+        await closing
+        assert finished.is_set()
+
+    asyncio.run(life())
