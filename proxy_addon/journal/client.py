@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from proxy_addon import metrics
-from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import (
     ApprovalNeededError,
     DuplicateIntentError,
@@ -65,6 +64,7 @@ from proxy_addon.journal.messages import (
 from proxy_addon.log import get_logger
 from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import Intent
 from proxy_addon.rules.states import State, is_allowed
 from proxy_addon.rules.verdicts import not_sent

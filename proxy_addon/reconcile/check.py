@@ -13,12 +13,13 @@ from datetime import datetime
 import httpx
 
 from proxy_addon.config import ReceiptsConfig
-from proxy_addon.protocols.routing import call_name, match_rule
+from proxy_addon.protocols.routing import call_name
 from proxy_addon.reconcile.control_runs import VerifierControls
 from proxy_addon.reconcile.controls import BOTH, READ_RULE_STRATEGIES, RuleTarget, is_known_effect
 from proxy_addon.reconcile.strategies import STRATEGIES, Reader, Strategy
 from proxy_addon.reconcile.worker import HostRateLimiter
 from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.policy import match_rule
 from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.rules.states import ControlKind
 from proxy_addon.store import ReceiptStore

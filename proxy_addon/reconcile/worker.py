@@ -21,12 +21,13 @@ from proxy_addon import metrics, tracing
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.exceptions import StaleStateError
 from proxy_addon.log import configure_logging, get_logger
-from proxy_addon.protocols.routing import call_name, match_rule
+from proxy_addon.protocols.routing import call_name
 from proxy_addon.reconcile.control_runs import VerifierControls
 from proxy_addon.reconcile.controls import RuleTarget, controls_needed, unproven_verdict
 from proxy_addon.reconcile.decide import Found, ReadOutcome, read_verdict
 from proxy_addon.reconcile.strategies import STRATEGIES, Reader, Strategy, read_outcome
 from proxy_addon.recovery import InstanceLiveness
+from proxy_addon.rules.policy import match_rule
 from proxy_addon.rules.records import ReceiptRecord, Verdict, utcnow
 from proxy_addon.rules.states import ControlKind, State
 from proxy_addon.store import ReceiptStore

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import structlog
 
 from proxy_addon import metrics, tracing
-from proxy_addon.config import HostPolicy, ReceiptsConfig
+from proxy_addon.config import ReceiptsConfig
 from proxy_addon.exceptions import (
     ApprovalNeededError,
     DuplicateIntentError,
@@ -37,18 +37,19 @@ from proxy_addon.exceptions import (
 )
 from proxy_addon.journal.client import JournalClient
 from proxy_addon.log import get_logger
-from proxy_addon.request import answers
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.facts import RequestFacts
+from proxy_addon.protocols.facts import RequestFacts
 from proxy_addon.request.recording import VerdictRecorder
-from proxy_addon.request.sender import Sender, SendResult, Timeouts
+from proxy_addon.request.sender import Sender, Timeouts
 from proxy_addon.request.waiters import VerdictWaiters
-from proxy_addon.rules import duplicates
+from proxy_addon.rules import answers, duplicates
 from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.answers import Answer
 from proxy_addon.rules.approvals import approval_for
 from proxy_addon.rules.intent import build_intent
 from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import Intent, Verdict, new_operation_id
+from proxy_addon.rules.send_result import SendResult
 from proxy_addon.rules.states import ApprovalState, State
 from proxy_addon.rules.verdicts import not_sent, send_verdict, storable_response
 from proxy_addon.store import ReceiptStore

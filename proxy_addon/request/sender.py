@@ -48,7 +48,6 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from http import HTTPStatus
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -60,6 +59,7 @@ import h11
 from proxy_addon import metrics
 from proxy_addon.request.h1client import H1Connection, IdleConnections, Stream, exchange, reusable, usable_for
 from proxy_addon.request.h2client import H2Connection, Refused
+from proxy_addon.rules.send_result import SendEnd, SendResult, UpstreamResponse
 
 HOP_BY_HOP = frozenset(
     {
@@ -78,32 +78,6 @@ HOP_BY_HOP = frozenset(
 _HOP_BY_HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 Origin = tuple[str, str, int]  # scheme, host, port
-
-
-class SendEnd(StrEnum):
-    ANSWERED = "answered"
-    NOT_SENT = "not_sent"
-    TIMEOUT = "upstream_timeout"
-    RESET = "upstream_reset"
-    ERROR = "upstream_error"
-
-
-@dataclass(frozen=True)
-class UpstreamResponse:
-    status_code: int
-    reason: str
-    headers: list[tuple[bytes, bytes]]  # as received, less the hop-by-hop ones
-    content: bytes  # as received: Content-Encoding not undone
-
-
-@dataclass(frozen=True)
-class SendResult:
-    end: SendEnd
-    answer: UpstreamResponse | None = None
-    error: str | None = None
-    elapsed: float = 0.0
-    reused: bool = False  # sent on a connection an earlier write had used
-    resent: str | None = None  # sent again, once, on a new connection: why the first was provably not processed
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import pytest
 from support.e2e import migrate
 from support.store import intent
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import (
     DuplicateOpenError,
     JournalTimeoutError,
@@ -22,6 +21,7 @@ from proxy_addon.journal.client import JournalClient, WriterThread
 from proxy_addon.journal.messages import Blocked, Done, Failed, Ready, Record, Setup, frame, split_frames
 from proxy_addon.journal.writer import JournalWriter
 from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import Intent
 from proxy_addon.rules.states import State
 

@@ -15,7 +15,6 @@ import pytest
 from support.e2e import failing_receipt_writes
 from support.store import S, fp, intent
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import (
     DuplicateIntentError,
@@ -29,6 +28,7 @@ from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Record
 from proxy_addon.journal.writer import JournalWriter
 from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
 from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import Blocker, Intent, ReceiptRecord
 from proxy_addon.store import ReceiptStore
 
