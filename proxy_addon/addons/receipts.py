@@ -33,7 +33,8 @@ from proxy_addon.addons.reconciler import InProxyReconciler
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import check_schema, database_wait, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
-from proxy_addon.journal.client import JournalClient, WriterLink, WriterProcess
+from proxy_addon.journal.client import JournalClient
+from proxy_addon.journal.links import WriterLink, WriterProcess
 from proxy_addon.journal.messages import Setup
 from proxy_addon.keyfiles import load_or_create_key
 from proxy_addon.log import configure_logging, get_logger, scrub_standard_logging

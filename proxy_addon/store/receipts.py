@@ -27,9 +27,11 @@ from sqlalchemy import Connection, Table, select
 
 from proxy_addon import metrics
 from proxy_addon.exceptions import ApprovalNeededError, DuplicateIntentError, ReceiptNotFoundError
+from proxy_addon.journal.driver import Cursor
+from proxy_addon.journal.rows import NewReceipt, Step
 from proxy_addon.journal.statements import DriverStatements
 from proxy_addon.journal.tables import Receipt, ReceiptTransition
-from proxy_addon.journal.writes import Cursor, JournalWrites, NewReceipt, Step
+from proxy_addon.journal.writes import JournalWrites
 from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.duplicates import successes_block_for
 from proxy_addon.rules.policy import AfterSuccess

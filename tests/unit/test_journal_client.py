@@ -17,7 +17,8 @@ from proxy_addon.exceptions import (
     StaleStateError,
     WriterLostError,
 )
-from proxy_addon.journal.client import JournalClient, WriterThread
+from proxy_addon.journal.client import JournalClient
+from proxy_addon.journal.links import WriterThread
 from proxy_addon.journal.messages import Blocked, Done, Failed, Ready, Record, Setup, frame, split_frames
 from proxy_addon.journal.writer import JournalWriter
 from proxy_addon.rules.duplicates import successes_block_for
