@@ -23,7 +23,7 @@ from proxy_addon.reconcile.rules import (
     parse_time,
     request_document,
 )
-from proxy_addon.request.sender import HOP_BY_HOP
+from proxy_addon.request.wire import HOP_BY_HOP
 from proxy_addon.rules.fingerprint import canonical_json
 from proxy_addon.rules.operations import OperationRule, ReconcileRule
 from proxy_addon.rules.policy import HostPolicy
