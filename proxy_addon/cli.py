@@ -397,6 +397,17 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_rules_show(args: argparse.Namespace) -> int:
+    """A preset's rules as shipped, to read or to copy under a host and change."""
+    from proxy_addon import presets
+
+    try:
+        print(presets.preset_text(args.preset), end="")
+    except KeyError:
+        raise ConfigError(f"--preset: {presets.unknown_preset(args.preset)}") from None
+    return EXIT_OK
+
+
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from proxy_addon.reconcile.worker import run_reconcile
 
@@ -457,6 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     rules_sub = rules.add_subparsers(dest="rules_command", required=True, parser_class=_Parser)
     p = command("check", cmd_rules_check, "run every read rule's verifier controls on the live upstream; say which are proven", rules_sub)
     p.add_argument("--json", action="store_true")
+    p = command("show", cmd_rules_show, "print a preset's operation and read rules (preset: NAME on a host)", rules_sub)
+    p.add_argument("--preset", required=True, metavar="NAME", help="stripe, s3, dynamodb, sqs, ses, ...")
 
     p = command("proxy", cmd_proxy, "run the journaling proxy")
     p.add_argument("--listen-host", default="127.0.0.1")
