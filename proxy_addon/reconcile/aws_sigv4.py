@@ -65,10 +65,12 @@ class SigV4(httpx.Auth):
 def sign(
     request: httpx.Request, service: str, region: str, access_key: str, secret_key: str, token: str | None, now: datetime
 ) -> None:
-    """Add `X-Amz-Date`, `X-Amz-Content-Sha256`, the token and `Authorization` to the request."""
+    """Add `X-Amz-Date` (and S3's `X-Amz-Content-Sha256`), the token and `Authorization` to the request."""
     stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    payload = hashlib.sha256(request.content).hexdigest()
     request.headers["x-amz-date"] = stamp
-    request.headers["x-amz-content-sha256"] = hashlib.sha256(request.content).hexdigest()
+    if service == "s3":
+        request.headers["x-amz-content-sha256"] = payload  # S3 asks for it; the others only sign it
     if token:
         request.headers["x-amz-security-token"] = token
     names = sorted(n for n in {k.lower() for k in request.headers} if n in ("host", "content-type") or n.startswith("x-amz-"))
@@ -79,7 +81,7 @@ def sign(
     query = sorted((_uri_encode(k), _uri_encode(v)) for k, v in parse_qsl(request.url.query.decode("ascii"), keep_blank_values=True))
     canonical_request = "\n".join(
         [request.method, path, "&".join(f"{k}={v}" for k, v in query), canonical_headers, signed_headers,
-         request.headers["x-amz-content-sha256"]]
+         payload]
     )
     scope = f"{day}/{region}/{service}/aws4_request"
     to_sign = "\n".join([ALGORITHM, stamp, scope, hashlib.sha256(canonical_request.encode()).hexdigest()])
