@@ -58,8 +58,13 @@ class PresetWorld:
         return self._unknown(LOST, method, path, **kw)
 
     def _unknown(self, kind: str, method: str, path: str, **kw: Any) -> str:
-        self.front.arm(kind, lambda m, t, _b: m == method and t.split("?")[0] == path, delay=HOLD)
-        operation_id = outcome_unknown(self.send(method, path, **kw))
+        return self.unknown(kind, lambda m, t, _b: m == method and t.split("?")[0] == path, lambda: outcome_unknown(self.send(method, path, **kw)))
+
+    def unknown(self, kind: str, matches: Callable[[str, str, bytes], bool], send: Callable[[], str]) -> str:
+        """Arm the front with `kind` (DELAY: a lost answer; LOST: never received) for the next request that
+        `matches`, then `send` it as the agent does; the receipt's id, its verdict committed."""
+        self.front.arm(kind, matches, delay=HOLD)
+        operation_id = send()
         settled(self.store, operation_id)
         return operation_id
 
@@ -80,23 +85,32 @@ class PresetWorld:
 
 
 @contextmanager
-def preset_world(preset: str, server_port: int, directory: Path, host_keys: str = "") -> Iterator[PresetWorld]:
-    """The proxy with `hosts: {"127.0.0.1:FRONT": {preset: NAME}}` (and `host_keys`, YAML flow pairs) in front of
-    the real server on `server_port`."""
+def preset_world(preset: str, server_port: int, directory: Path) -> Iterator[PresetWorld]:
+    """The proxy with `hosts: {"127.0.0.1:FRONT": {preset: NAME}}`, in front of the real server on `server_port`."""
+    with preset_worlds({preset: server_port}, directory) as worlds:
+        yield worlds[preset]
+
+
+@contextmanager
+def preset_worlds(servers: dict[str, int], directory: Path) -> Iterator[dict[str, PresetWorld]]:
+    """One proxy (one in a process: mitmproxy's in-process masters share state) whose config gives each preset a
+    host of its own, a front in front of its real server; by preset, each world with its front."""
     with ExitStack() as stack:
-        front = FaultyFront(server_port).start()
-        stack.callback(front.stop)
+        directory.mkdir(parents=True, exist_ok=True)
+        fronts = {preset: FaultyFront(port).start() for preset, port in servers.items()}
+        for front in fronts.values():
+            stack.callback(front.stop)
         config_path, database = directory / "config.yaml", directory / "receipts.db"
-        extra = f", {host_keys}" if host_keys else ""
         config_path.write_text(
             f"secret_file: {directory / 'secret'}\n"
             "reconcile: {per_host_rate: 100, backoff: 1s}\n"
             "hosts:\n"
-            f'  "127.0.0.1:{front.port}": {{preset: {preset}, upstream_timeout: {UPSTREAM_TIMEOUT}{extra}}}\n'
+            + "".join(f'  "127.0.0.1:{f.port}": {{preset: {p}, upstream_timeout: {UPSTREAM_TIMEOUT}}}\n' for p, f in fronts.items())
         )
         store = stack.enter_context(store_copied_from(migrated_sqlite(directory), database))
         url = f"sqlite:///{database}"
         proxy = start_inprocess_proxy(config_path, url, directory / "confdir")
         stack.callback(proxy.stop)
         client = stack.enter_context(proxy_client(proxy.url))
-        yield PresetWorld(front, store, load_config(config_path), config_path, url, proxy, client)
+        config = load_config(config_path)
+        yield {p: PresetWorld(f, store, config, config_path, url, proxy, client) for p, f in fronts.items()}
