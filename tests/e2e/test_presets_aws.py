@@ -76,7 +76,7 @@ def state(world: PresetWorld, operation_id: str) -> str:
 @pytest.fixture(scope="module")
 def world_of(moto, tmp_path_factory) -> Iterator[Callable[[str], PresetWorld]]:
     """One proxy; a host (a front before moto) per preset."""
-    with preset_worlds({p: moto for p in ("s3", "dynamodb", "sqs", "ses")}, tmp_path_factory.mktemp("aws")) as worlds:
+    with preset_worlds(dict.fromkeys(("s3", "dynamodb", "sqs", "ses"), moto), tmp_path_factory.mktemp("aws")) as worlds:
         yield worlds.__getitem__
 
 

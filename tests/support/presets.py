@@ -15,17 +15,17 @@ from typing import Any
 
 import httpx
 import pytest
-from support.e2e import proxy_client, settled
-from support.faulty_front import DELAY, LOST, FaultyFront
-from support.proxy import RunningProxy, start_inprocess_proxy
-from support.reconcile import outcome_unknown
-from support.store import migrated_sqlite, store_copied_from
 
 from proxy_addon.cli import main
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.reconcile.worker import Reconciler
 from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.store import ReceiptStore
+from support.e2e import proxy_client, settled
+from support.faulty_front import DELAY, LOST, FaultyFront
+from support.proxy import RunningProxy, start_inprocess_proxy
+from support.reconcile import outcome_unknown
+from support.store import migrated_sqlite, store_copied_from
 
 UPSTREAM_TIMEOUT = "1s"
 HOLD = 2.0  # how long the front holds a lost answer, or a request it never forwards: past UPSTREAM_TIMEOUT
