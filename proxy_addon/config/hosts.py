@@ -2,10 +2,11 @@
 merges them into the rules' HostPolicy (rules/policy.py)."""
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from proxy_addon import presets
 from proxy_addon.rules.approvals import ApprovalSetting
 from proxy_addon.rules.operations import OperationRule, ProtocolName
 from proxy_addon.rules.policy import AfterSuccess, InFlight, UpstreamConnections
@@ -96,4 +97,17 @@ class Defaults(StrictModel):
 
 
 class HostConfig(HostOverrides):
+    preset: str | None = None  # tested operation and read rules for a known API (presets/); the host's own keys win
     operations: list[OperationRule] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return presets.with_preset(data) if isinstance(data, dict) else data
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and name not in presets.known_presets():
+            raise ValueError(presets.unknown_preset(name))
+        return name
