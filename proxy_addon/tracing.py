@@ -97,7 +97,7 @@ def shut_down() -> None:
 
 
 class WriteOutcome(Protocol):
-    """What became of a write, as the span tells it (request/handler.py's Handled): the answer the agent got (None:
+    """What became of a write, as the span tells it (request/handled.py's Handled): the answer the agent got (None:
     forwarded without a receipt) and the handler's note (operation_id, state, refused, approval_id, fail_open)."""
 
     @property

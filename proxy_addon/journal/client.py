@@ -5,7 +5,7 @@ reader task resolves. No thread hand-off, no database work in the proxy's proces
 
 The writer's death is the journal's failure. Every record it had not answered fails at once with
 WriterLostError (the proxy answers 503 and sends nothing upstream; whether the writer committed it before it
-died is not known, request/handler.py closes such a receipt itself). A verdict handed over with `advance_now` is
+died is not known, request/unsent.py closes such a receipt itself). A verdict handed over with `advance_now` is
 not failed: it is kept, a new writer is started for it at once, and it goes first on the new writer's socket,
 before any record, so that a repeat journaled after it still sees it. The next request starts a new writer too;
 one that keeps dying before it answered anything is started again only after a growing pause, during which
@@ -48,7 +48,7 @@ from proxy_addon.rules.verdicts import not_sent
 log = get_logger("receipts.proxy")
 # Shares of proxy.journal_timeout: the writer is asked to answer within 80 % of it (it writes nothing after:
 # writer.py), the caller gives up at 90 %, and the rest is for closing a receipt that may have been committed
-# (request/handler.py). A writer that has held a request for the whole timeout is killed (journal/channel.py).
+# (request/unsent.py). A writer that has held a request for the whole timeout is killed (journal/channel.py).
 WRITER_SHARE = 0.8
 CALLER_SHARE = 0.9
 
@@ -155,7 +155,7 @@ class JournalClient(WriterChannel):
 
     def _answered_late(self, held: _Held, reply: Reply) -> None:
         """A receipt committed after its caller gave up (the commit crossed the deadline): it was not sent, so
-        close it as not sent, through the writer, as request/handler.py does when the writer is lost."""
+        close it as not sent, through the writer, as request/unsent.py does when the writer is lost."""
         request = held.request
         if not (isinstance(request, Record) and isinstance(reply, Done)):
             return
@@ -166,7 +166,7 @@ class JournalClient(WriterChannel):
             try:
                 await self.advance(operation_id, State.SUBMITTED, closed.state, closed.detail, closed.updates, reply.head)
             except StaleStateError:
-                return  # closed already (request/handler.py)
+                return  # closed already (request/unsent.py)
             except ReceiptsError as e:
                 log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
                 return
