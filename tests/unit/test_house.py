@@ -10,6 +10,7 @@ import ast
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "proxy_addon"
@@ -54,16 +55,22 @@ class Module:
         return parts[1] if len(parts) > 1 else parts[0]
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def read_modules() -> dict[str, Module]:
+    return parsed(PACKAGE)
+
+
+@cache
+def parsed(package: Path) -> dict[str, Module]:
+    """Every module of the package, parsed once (the tests share it: none changes it)."""
     modules = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(package.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
-        name = module_name(path)
+        name = module_name(path, package)
         modules[name] = Module(name, path, len(text.splitlines()), ast.parse(text, str(path)))
     for module in modules.values():
         module.imports = set(imported(module, modules)) - {module.name}
