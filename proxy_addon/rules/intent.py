@@ -38,7 +38,7 @@ def build_intent(
     operation_id: str,
 ) -> tuple[Intent, OperationRule | None]:
     """The intent to journal for this request (fingerprint, account, redacted copy) and the rule it matched."""
-    matched = match_rule(policy, facts.method, facts.path, facts.call.name)  # a rule may name the protocol's call
+    matched = match_rule(policy, facts.method, facts.path, facts.call.name, facts.query)  # a rule may name the protocol's call
     rule = matched[0] if matched else None
     body = analyse_body(
         facts.content_type,
