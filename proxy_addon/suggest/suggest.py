@@ -39,6 +39,9 @@ LIST_FIELDS = ("data", "items", "results", "values", "records", "entries", "elem
 PAGE_SIZE_PARAMS = ("per_page", "page_size", "pageSize", "perPage", "limit", "_limit", "max_results", "maxResults")
 SORT_PARAMS = ("sort", "_sort", "sort_by", "sortBy", "order_by", "orderBy")
 DIRECTION_PARAMS = ("direction", "order", "_order", "sort_order", "sortOrder")
+# a date-time parameter listing only what was created (or changed) after it: given the submission time, the list holds
+# the write's effect if it happened, however many came before
+SINCE_PARAMS = ("since", "created_after", "createdAfter", "created_since", "updated_after", "updatedAfter", "modified_since")
 NEWEST = ("created", "created_at", "createdAt", "creation_date")  # a sort key that lists the newest first with desc
 TIME_FIELDS = ("created_at", "createdAt", "created", "created_on", "createdOn", "creation_date", "creationDate",
                "date_created", "dateCreated", "inserted_at", "insertedAt", "created_time", "createdTime")  # fmt: skip
@@ -159,7 +162,8 @@ def _unmatched(write: Operation, match: dict[str, str]) -> str:
     if not optional:
         return ""
     more = f" and {len(optional) - 5} more" if len(optional) > 5 else ""
-    return f"compares only {', '.join(sorted(matched))}: a change of {', '.join(optional[:5])}{more} is taken as done when those match"
+    compared = ", ".join(sorted(matched))
+    return f"compares only {compared}: a write that changes {', '.join(optional[:5])}{more} is taken as done once {compared} match"
 
 
 def _create(write: Operation, listing: Operation | None, item: Operation | None, target: Target) -> Suggestion:
@@ -205,41 +209,51 @@ def _search(write: Operation, listing: Operation, body: Located, answer_id: tupl
     match = _match(body, Located(item))
     if not match:
         return Suggestion(write, None, note=f"the items {listing.where} lists show none of the fields it requires")
-    query = search_query(listing, body, [name.removeprefix("$.") for name in match])
+    query = list_query(listing, body, [name.removeprefix("$.") for name in match])
     read: dict[str, Any] = {
         "strategy": "search",
-        "url": read_url(target, write.path, listing.path) + (f"?{'&'.join(query)}" if query else ""),
+        "url": read_url(target, write.path, listing.path) + (f"?{'&'.join(query.params)}" if query.params else ""),
         **read_headers(listing, target),
     }
     if items_path:
         read["items"] = items_path
     read.update(match=match, id=f"$.{id_name}")
-    time_field = next((name for name in TIME_FIELDS if name in item.fields and _is_time(item.fields[name])), None)
+    # a creation time bounds how far back the pages must reach only in a list that shows the newest first
+    time_field = next((n for n in TIME_FIELDS if n in item.fields and _is_time(item.fields[n])), None) if query.newest_first else None
     next_page = _next_page(listing.answer)
     if time_field:
         read["time_field"] = f"$.{time_field}"
     if next_page:
         read["next_page"] = next_page
-    filtered = any("={body." in q for q in query)
-    note = "" if filtered or time_field or next_page else "absence is only as good as the first page: no filter, no time"
+    note = "" if query.filtered or time_field or next_page else "absence is only as good as the first page: no filter, no order"
     return Suggestion(write, _rule(write, target, answer.path(id_name), read), listing, note)
 
 
-def search_query(listing: Operation, body: Located, fields: list[str]) -> list[str]:
-    """The list's query: the matched fields it filters by, newest first, the largest page it allows."""
+@dataclass(frozen=True)
+class ListQuery:
+    params: list[str]
+    filtered: bool  # by a matched field, or to what came after the submission
+    newest_first: bool
+
+
+def list_query(listing: Operation, body: Located, fields: list[str]) -> ListQuery:
+    """The list's query: the matched fields it filters by, only what came since the submission, newest first,
+    the largest page it allows."""
     params = listing.query()
     query = [f"{name}={body.placeholder(name)}" for name in fields if name in params and params[name].field.scalar]
+    since = next((p for p in SINCE_PARAMS if p in params and params[p].field.format == "date-time"), None)
+    if since:
+        query.append(f"{since}={{submitted_at}}")
+    filtered = bool(query)
     sort = next((p for p in SORT_PARAMS if p in params), None)
     newest = next((v for v in NEWEST if sort and v in params[sort].enum), None)
     direction = next((p for p in DIRECTION_PARAMS if p in params and "desc" in params[p].enum), None)
-    if sort and newest:
-        query.append(f"{sort}={newest}")
-        if direction:
-            query.append(f"{direction}=desc")
+    if sort and newest and direction:
+        query += [f"{sort}={newest}", f"{direction}=desc"]
     size = next((p for p in PAGE_SIZE_PARAMS if p in params and params[p].maximum), None)
     if size:
         query.append(f"{size}={int(params[size].maximum or 0)}")
-    return query
+    return ListQuery(query, filtered, bool(sort and newest and direction))
 
 
 def list_items(answer: Shape | None) -> tuple[str | None, Shape] | None:
