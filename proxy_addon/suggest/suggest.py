@@ -13,9 +13,9 @@ Hence:
 - **lookup** on the item GET (`/things/{id}`) for a `POST` whose body requires the id the item is read by
   (a client-chosen id).
 - **search** of the list GET at the `POST`'s own path (`items` where the answer wraps the list), with `match`
-  on the body's required fields that the listed items show, the list's query parameters of the same names as
-  filters, newest first and the largest page where the document offers them, and the items' creation time as
-  `time_field`.
+  on the body's required fields that the listed items show; as filters, the list's query parameters of the
+  same names and a `since` parameter given the submission time; newest first and the largest page where the
+  document offers them, and then the items' creation time as `time_field` (how far back the pages must reach).
 - none, with the reason, otherwise (no read at that path, a body that is not JSON, no id in the answer, no
   field to match on).
 
