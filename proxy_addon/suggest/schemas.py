@@ -12,8 +12,10 @@ from referencing.exceptions import Unresolvable
 from proxy_addon.exceptions import OpenApiError
 
 SCALAR_TYPES = frozenset({"string", "integer", "number", "boolean"})
-ENVELOPE = "data"  # a body wrapped as {"data": {...}} (Asana, JSON:API): the field read one level deeper
-MAX_SCHEMA_DEPTH = 6  # allOf / oneOf nesting followed before a schema counts as unknown
+# a body wrapped as {"data": {...}} (Asana, JSON:API), or in an object's one field ({"droplet": {...}}: DigitalOcean):
+# that field is read one level deeper
+ENVELOPE = "data"
+MAX_SCHEMA_DEPTH = 12  # allOf / oneOf nesting followed before a schema counts as unknown
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class Field:
     types: frozenset[str]
     format: str | None = None
     items: "Shape | None" = None
-    shape: "Shape | None" = None  # an envelope's (`data`) object shape: where Asana's and JSON:API's bodies are
+    shape: "Shape | None" = None  # an envelope's object shape (`data`, or an object's one field)
 
     @property
     def scalar(self) -> bool:
@@ -55,8 +57,10 @@ def shape_of(schema: SchemaPath, depth: int = MAX_SCHEMA_DEPTH, items: bool = Tr
     fields: dict[str, Field] = {}
     required: set[str] = set(strings(raw.get("required")))
     if "properties" in raw:
+        only = len(raw["properties"]) == 1 if isinstance(raw["properties"], dict) else False
         fields.update(
-            (name, field_of(node, depth - 1, items, envelope=name == ENVELOPE)) for name, node in children(schema / "properties")
+            (name, field_of(node, depth - 1, items, envelope=only or name == ENVELOPE))
+            for name, node in children(schema / "properties")
         )
     for part in _parts(schema, raw, "allOf"):
         shape = shape_of(part, depth - 1, items)

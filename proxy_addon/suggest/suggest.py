@@ -77,12 +77,14 @@ class Located:
 
 
 def unwrap(shape: Shape | None) -> Located | None:
-    """An object body as its fields are read: inside its `data` envelope when it has one and no id of its own."""
+    """An object body as its fields are read: inside its envelope (`data`, or its one field) when it has one and
+    no id of its own."""
     if shape is None or shape.kind != "object":
         return None
-    inner = shape.fields.get(ENVELOPE)
-    if "id" not in shape.fields and inner is not None and inner.shape is not None and inner.shape.kind == "object":
-        return Located(inner.shape, f"$.{ENVELOPE}")
+    name = ENVELOPE if ENVELOPE in shape.fields else next(iter(shape.fields)) if len(shape.fields) == 1 else None
+    inner = shape.fields[name].shape if name is not None and FIELD_NAME.match(name) else None
+    if "id" not in shape.fields and inner is not None and inner.kind == "object":
+        return Located(inner, f"$.{name}")
     return Located(shape)
 
 
