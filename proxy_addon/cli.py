@@ -20,7 +20,7 @@ from proxy_addon import __version__
 from proxy_addon.agent_env import CA_CERT_NAME, exports
 from proxy_addon.config import ReceiptsConfig, admin_settings, load_config
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
-from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
+from proxy_addon.exceptions import ConfigError, InvalidResolutionError, OpenApiError, ReceiptsError
 from proxy_addon.resources import ADDON_SCRIPT, EXAMPLE_CONFIG
 from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.rules.redaction import SecretFields, SecretHeaders
@@ -399,6 +399,24 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_rules_suggest(args: argparse.Namespace) -> int:
+    """Read rules from an OpenAPI document, printed to paste into config.yaml; the counts on stderr."""
+    from proxy_addon.suggest import suggest_from_file
+    from proxy_addon.suggest.render import summary_line
+
+    suggested = suggest_from_file(Path(args.openapi), args.host, args.operation or (), args.header or ())
+    print(suggested.text, end="")
+    print(f"receipts: {summary_line(suggested.suggestions)}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _header_arg(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME: VALUE (e.g. 'Authorization: Bearer ${{GITHUB_TOKEN}}')")
+    return name.strip(), value.strip()
+
+
 def cmd_reconcile(args: argparse.Namespace) -> int:
     from proxy_addon.reconcile.worker import run_reconcile
 
@@ -432,6 +450,9 @@ def _state_arg(text: str) -> str:
     return text
 
 
+SUGGEST_HELP = "print operation and read rules from an API's OpenAPI document, to paste into config.yaml (writes nothing)"
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
@@ -459,6 +480,14 @@ def build_parser() -> argparse.ArgumentParser:
     rules_sub = rules.add_subparsers(dest="rules_command", required=True, parser_class=_Parser)
     p = command("check", cmd_rules_check, "run every read rule's verifier controls on the live upstream; say which are proven", rules_sub)
     p.add_argument("--json", action="store_true")
+    p = rules_sub.add_parser("suggest", help=SUGGEST_HELP, description=SUGGEST_HELP)
+    p.set_defaults(handler=cmd_rules_suggest)
+    p.add_argument("--openapi", required=True, metavar="FILE", help="an OpenAPI 3.x document, JSON or YAML")
+    p.add_argument("--host", help="the host (or host:port) the rules are for (default: the document's first server)")
+    p.add_argument("--operation", action="extend", nargs="+", metavar="ID", help="only these writes (operationIds)")
+    p.add_argument("--header", action="append", type=_header_arg, metavar="'NAME: VALUE'",
+                   help="a header every read carries, e.g. 'Authorization: Bearer ${GITHUB_TOKEN}' (default: the "
+                        "document's security schemes, from the environment)")  # fmt: skip
 
     p = command("proxy", cmd_proxy, "run the journaling proxy")
     p.add_argument("--listen-host", default="127.0.0.1")
@@ -550,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, InvalidResolutionError) as e:
+    except (ConfigError, InvalidResolutionError, OpenApiError) as e:
         print(f"receipts: {e}", file=sys.stderr)
         return EXIT_USAGE
     except ReceiptsError as e:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from proxy_addon.exceptions import OpenApiError
 from proxy_addon.protocols.hosts import check_host_key
-from proxy_addon.suggest.openapi import Api, load_document, read_api
+from proxy_addon.suggest.openapi import WRITE_METHODS, Api, load_document, read_api
 from proxy_addon.suggest.render import render
 from proxy_addon.suggest.suggest import Suggestion, suggest
 from proxy_addon.suggest.urls import Target
@@ -34,10 +34,10 @@ def suggest_from_file(
         host = check_host_key(host)
     except ValueError as e:
         raise OpenApiError(f"--host: {e}") from None
-    known = {op.operation_id for op in api.operations}
-    unknown = [op for op in operation_ids if op not in known]
+    writes = {op.operation_id for op in api.operations if op.method in WRITE_METHODS}
+    unknown = [op for op in operation_ids if op not in writes]
     if unknown:
-        raise OpenApiError(f"{path}: no operation {', '.join(unknown)} (give operationIds)")
+        raise OpenApiError(f"{path}: no write has the operationId {', '.join(unknown)}")
     target = Target(host, api.base_path, tuple(headers))
     suggestions = suggest(api, target, operation_ids)
     return Suggested(api, target, suggestions, render(suggestions, target, api, path.name))

@@ -22,7 +22,8 @@ def counts(suggestions: Sequence[Suggestion]) -> dict[str, int]:
 
 def summary_line(suggestions: Sequence[Suggestion]) -> str:
     c = counts(suggestions)
-    return f"{c['writes']} writes: {c['lookup']} lookup, {c['search']} search, {c['none']} without a read rule"
+    writes = f"{c['writes']} write" + ("" if c["writes"] == 1 else "s")
+    return f"{writes}: {c['lookup']} lookup, {c['search']} search, {c['none']} without a read rule"
 
 
 def render(suggestions: Sequence[Suggestion], target: Target, api: Api, source: str) -> str:
