@@ -240,16 +240,17 @@ def is_json_media(media: str) -> bool:
 
 
 def _auth(security: Any, schemes: Any) -> tuple[Auth, ...]:
-    """The headers of the first security requirement whose schemes all go in a header (none: no credentials)."""
+    """The headers of a security requirement whose schemes all go in a header, one without Basic first (a token
+    is kept in the environment as it is; Basic wants it encoded); none: no credentials."""
     if not isinstance(security, list) or not isinstance(schemes, dict):
         return ()
+    usable = []
     for requirement in security:
-        if not isinstance(requirement, dict):
-            continue
-        headers = [_scheme_header(schemes.get(name)) for name in requirement]
+        headers = [_scheme_header(schemes.get(name)) for name in requirement] if isinstance(requirement, dict) else [None]
         if all(h is not None for h in headers):
-            return tuple(h for h in headers if h is not None)
-    return ()
+            usable.append(tuple(h for h in headers if h is not None))
+    usable.sort(key=lambda headers: any(h.prefix == "Basic " for h in headers))
+    return usable[0] if usable else ()
 
 
 def _scheme_header(scheme: Any) -> Auth | None:

@@ -78,7 +78,7 @@ EXPECTED: list[tuple[str, str, str | None, dict[str, Any], str]] = [
     ("stripe", "PostCustomers", None, {}, "its body is application/x-www-form-urlencoded, not JSON"),
     ("stripe", "DeleteCustomersCustomer", "lookup",
      {"url": "{scheme}://{netloc}/v1/customers/{path.customer}", "absent_means": "succeeded",
-      "headers": {"Authorization": "Basic ${STRIPE_TOKEN}"}}, ""),
+      "headers": {"Authorization": "Bearer ${STRIPE_TOKEN}"}}, ""),
     ("asana", "createWebhook", "search",
      {"external_id": "$.data.gid", "url": "{scheme}://{netloc}/api/1.0/webhooks", "items": "$.data",
       "match": {"$.target": "$.data.target"}, "id": "$.gid"}, "absence is only as good as the first page"),

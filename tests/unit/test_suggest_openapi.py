@@ -127,6 +127,7 @@ def test_security_schemes_name_the_headers_a_read_carries():
         "/a": {"get": {"responses": {}}},
         "/b": {"get": {"security": [{"key": []}], "responses": {}}},
         "/c": {"get": {"security": [{"query": []}, {"basic": []}], "responses": {}}},
+        "/d": {"get": {"security": [{"basic": []}, {"bearer": []}], "responses": {}}},
     }
     doc = document(
         paths,
@@ -139,11 +140,12 @@ def test_security_schemes_name_the_headers_a_read_carries():
     )
     doc["security"] = [{"bearer": []}]
 
-    a, b, c = read_api(doc).operations
+    a, b, c, d = read_api(doc).operations
 
     assert a.auth == (Auth("Authorization", "Bearer "),)
     assert b.auth == (Auth("X-Api-Key", ""),)
     assert c.auth == (Auth("Authorization", "Basic "),)  # a key in the query cannot come from the environment
+    assert d.auth == (Auth("Authorization", "Bearer "),)  # a token as it is, rather than Basic's encoding (Stripe)
 
 
 @pytest.mark.parametrize(
