@@ -42,6 +42,7 @@ class Shape:
     fields: Mapping[str, Field] = field(default_factory=dict)
     required: frozenset[str] = frozenset()
     items: "Shape | None" = None  # an array's item shape
+    maybe: frozenset[str] = frozenset()  # fields only some oneOf/anyOf alternatives have (Stripe's `deleted`)
 
 
 def shape_of(schema: SchemaPath, depth: int = MAX_SCHEMA_DEPTH, items: bool = True) -> Shape:
@@ -68,13 +69,15 @@ def shape_of(schema: SchemaPath, depth: int = MAX_SCHEMA_DEPTH, items: bool = Tr
         required |= shape.required
     alternatives = [shape_of(p, depth - 1, items) for key in ("oneOf", "anyOf") for p in _parts(schema, raw, key)]
     objects = [a for a in alternatives if a.kind == "object"]
+    maybe: set[str] = set()
     if objects:
         common = set.intersection(*(set(a.fields) for a in objects))
         fields.update((name, objects[0].fields[name]) for name in common if name not in fields)
         required |= set.intersection(*(set(a.required) for a in objects))
+        maybe = set().union(*(set(a.fields) | a.maybe for a in objects)) - set(fields)
     if not fields and not types:
         return Shape("other")
-    return Shape("object", fields, frozenset(required))
+    return Shape("object", fields, frozenset(required), maybe=frozenset(maybe))
 
 
 def field_of(schema: SchemaPath | None, depth: int, items: bool, envelope: bool = False) -> Field:

@@ -6,7 +6,8 @@ a rule that reads by it would pass its verifier controls (they run on a known su
 Hence:
 
 - **lookup** on the GET at the write's own path, for a write the path names (`PUT`/`PATCH`/`DELETE`, or a
-  `POST` to an item): a `DELETE` is done when the item is gone (`absent_means: succeeded`); a `PUT`/`PATCH`
+  `POST` to an item): a `DELETE` is done when the item is gone (`absent_means: succeeded`; not where the GET
+  may answer a deleted item, `deleted: true`, as Stripe's customers do); a `PUT`/`PATCH`
   is there when the item shows the fields the write requires (`match`); a `PUT` without a body (a relation
   the path names) when the item is there. A write that requires no field is not looked up: the item is there
   whether or not it took effect.
@@ -46,6 +47,7 @@ NEWEST = ("created", "created_at", "createdAt", "creation_date")  # a sort key t
 TIME_FIELDS = ("created_at", "createdAt", "created", "created_on", "createdOn", "creation_date", "creationDate",
                "date_created", "dateCreated", "inserted_at", "insertedAt", "created_time", "createdTime")  # fmt: skip
 NEXT_PAGE_FIELDS = ("next", "next_page", "next_page_url", "nextPageUrl", "next_url", "nextUrl")
+TOMBSTONE = "deleted"  # an item's field saying it was deleted, while its GET still answers it (Stripe's)
 FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a field a JSON path names as $.name
 
 
@@ -130,6 +132,9 @@ def _delete(write: Operation, same: Operation | None, target: Target) -> Suggest
         return Suggestion(write, None, note="no GET at its path reads the target")
     if list_items(same.answer) is not None:
         return Suggestion(write, None, note="its GET answers a list, which is there (empty) after the delete too")
+    if same.answer is not None and TOMBSTONE in {*same.answer.fields, *same.answer.maybe}:
+        why = f"{same.where} may answer a deleted item ({TOMBSTONE}: true), which a lookup takes for one still there"
+        return Suggestion(write, None, note=why)
     read = {"strategy": "lookup", "url": read_url(target, write.path, same.path), **read_headers(same, target)}
     return Suggestion(write, _rule(write, target, None, {**read, "absent_means": "succeeded"}), same)
 

@@ -76,8 +76,10 @@ EXPECTED: list[tuple[str, str, str | None, dict[str, Any], str]] = [
     ("github", "repos/create-dispatch-event", None, {}, "its answer (204) has no id field"),
     ("github", "pulls/create", None, {}, "show none of the fields it requires"),  # head and base: text sent, objects listed
     ("stripe", "PostCustomers", None, {}, "its body is application/x-www-form-urlencoded, not JSON"),
-    ("stripe", "DeleteCustomersCustomer", "lookup",
-     {"url": "{scheme}://{netloc}/v1/customers/{path.customer}", "absent_means": "succeeded",
+    ("stripe", "DeleteCustomersCustomer", None, {}, "may answer a deleted item (deleted: true)"),
+    ("stripe", "DeleteTerminalReadersReader", None, {}, "may answer a deleted item (deleted: true)"),
+    ("stripe", "DeleteCustomersCustomerTaxIdsId", "lookup",
+     {"url": "{scheme}://{netloc}/v1/customers/{path.customer}/tax_ids/{path.id}", "absent_means": "succeeded",
       "headers": {"Authorization": "Bearer ${STRIPE_TOKEN}"}}, ""),
     ("asana", "createWebhook", "search",
      {"external_id": "$.data.gid", "url": "{scheme}://{netloc}/api/1.0/webhooks", "items": "$.data",
