@@ -53,14 +53,12 @@ class Operation:
     method: str  # upper case
     path: str  # the document's path template
     operation_id: str | None
-    params: tuple[Param, ...] = ()
+    params: tuple[Param, ...] = ()  # a read's
     body_media: tuple[str, ...] = ()  # the request body's media types, as the document lists them
     body: Shape | None = None  # the request body's JSON schema, when one of them is JSON
     answer: Shape | None = None  # the first 2xx answer's JSON schema
     answer_status: str | None = None
-    answer_headers: frozenset[str] = frozenset()  # lower case
-    auth: tuple[Auth, ...] = ()
-    deprecated: bool = False
+    auth: tuple[Auth, ...] = ()  # a read's credentials
 
     @property
     def where(self) -> str:
@@ -153,23 +151,24 @@ def server_of(servers: list[Any]) -> tuple[str | None, str]:
 
 
 def _operation(item: SchemaPath, method: str, path: str, schemes: Any, default_security: Any) -> Operation:
+    """What a rule needs of one operation: of a read, its query parameters and answer; of a write, its body and
+    answer (only what is used is read: resolving is most of the time a document takes)."""
     op = item / method.lower()
     raw = mapping_of(op)
-    body_media, body = _request_body(op)
-    status, answer, headers = _answer(op)
-    security = raw.get("security", default_security)
+    read = method in READ_METHODS
+    body_media, body = ((), None) if read else _request_body(op)
+    status, answer = _answer(op)
+    operation_id = raw.get("operationId")
     return Operation(
         method=method,
         path=path,
-        operation_id=raw.get("operationId") if isinstance(raw.get("operationId"), str) else None,
-        params=_params(item, op),
+        operation_id=operation_id if isinstance(operation_id, str) else None,
+        params=_params(item, op) if read else (),
         body_media=body_media,
         body=body,
         answer=answer,
         answer_status=status,
-        answer_headers=headers,
-        auth=_auth(security, schemes),
-        deprecated=raw.get("deprecated") is True,
+        auth=_auth(raw.get("security", default_security), schemes) if read else (),
     )
 
 
@@ -212,25 +211,22 @@ def _request_body(op: SchemaPath) -> tuple[tuple[str, ...], Shape | None]:
     return media, shape_of(content / json_media / "schema")
 
 
-def _answer(op: SchemaPath) -> tuple[str | None, Shape | None, frozenset[str]]:
-    """The first 2xx answer (201 before 200 before the rest): its status, JSON shape and headers."""
+def _answer(op: SchemaPath) -> tuple[str | None, Shape | None]:
+    """The first 2xx answer (201 before 200 before the rest): its status and JSON shape."""
     if "responses" not in op:
-        return None, None, frozenset()
+        return None, None
     responses = op / "responses"
     codes = sorted((str(c) for c in mapping_of(responses) if str(c).startswith("2")), key=lambda c: (c != "201", c))
     if not codes:
-        return None, None, frozenset()
-    status = codes[0]
-    response = responses / status
-    raw = mapping_of(response)
-    headers = frozenset(str(h).lower() for h in raw.get("headers") or {})
-    if "content" not in raw:
-        return status, None, headers
+        return None, None
+    response = responses / codes[0]
+    if "content" not in mapping_of(response):
+        return codes[0], None
     content = response / "content"
     json_media = next((m for m in mapping_of(content) if is_json_media(str(m))), None)
     if json_media is None or "schema" not in content / json_media:
-        return status, None, headers
-    return status, shape_of(content / json_media / "schema"), headers
+        return codes[0], None
+    return codes[0], shape_of(content / json_media / "schema")
 
 
 def is_json_media(media: str) -> bool:

@@ -36,9 +36,12 @@ def test_refs_are_resolved_in_parameters_bodies_and_answers():
             {
                 "/things/{id}": {
                     "parameters": [{"$ref": "#/components/parameters/id"}],
+                    "get": {
+                        "parameters": [{"name": "dry", "in": "query", "schema": {"$ref": "#/components/schemas/Flag"}}],
+                        "responses": {"200": {"$ref": "#/components/responses/Thing"}},
+                    },
                     "put": {
                         "operationId": "putThing",
-                        "parameters": [{"name": "dry", "in": "query", "schema": {"$ref": "#/components/schemas/Flag"}}],
                         "requestBody": {"$ref": "#/components/requestBodies/Thing"},
                         "responses": {"200": {"$ref": "#/components/responses/Thing"}},
                     },
@@ -51,10 +54,10 @@ def test_refs_are_resolved_in_parameters_bodies_and_answers():
         )
     )
 
-    op = only(api, "PUT")
+    get, op = only(api, "GET"), only(api, "PUT")
+    assert [(p.name, p.location, p.required) for p in get.params] == [("id", "path", True), ("dry", "query", False)]
+    assert get.params[1].field.types == {"boolean"}
     assert (op.operation_id, op.where) == ("putThing", "paths./things/{id}.put")
-    assert [(p.name, p.location, p.required) for p in op.params] == [("id", "path", True), ("dry", "query", False)]
-    assert op.params[1].field.types == {"boolean"}
     assert op.body is not None and set(op.body.fields) == {"id", "title", "rank"} and op.body.required == {"id"}
     assert op.answer is not None and op.answer.fields["rank"] == Field(frozenset({"integer", "null"}))
     assert op.answer_status == "200"
