@@ -115,3 +115,17 @@ def test_a_write_gets_the_rule_its_document_allows(name, operation_id, strategy,
     assert {k: said.get(k) for k in says} == says
     pasted = yaml.safe_load(suggested(name).text)["hosts"][suggested(name).target.host]["operations"]
     assert s.rule in pasted
+
+
+def test_the_docs_example_is_what_the_command_prints():
+    """docs/reconcile-new-api.md's example: each part of its YAML (between `...`) is in what its command prints for
+    GitHub's document, as it is."""
+    page = (NODE.parents[1] / "docs" / "reconcile-new-api.md").read_text()
+    command = page.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    operations = command.split("--operation ", 1)[1].split(" --")[0].split()
+    header = command.split("--header '", 1)[1].split("'", 1)[0]
+    shown = page.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+    printed = suggest_from_file(DOCUMENTS["github"], None, operations, [tuple(header.split(": ", 1))]).text
+
+    assert [part for part in re.split(r"^ *\.\.\.\n", shown, flags=re.MULTILINE) if part not in printed] == []
