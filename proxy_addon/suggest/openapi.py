@@ -55,7 +55,7 @@ class Operation:
     operation_id: str | None
     params: tuple[Param, ...] = ()  # a read's
     body_media: tuple[str, ...] = ()  # the request body's media types, as the document lists them
-    body: Shape | None = None  # the request body's JSON schema, when one of them is JSON
+    body: Shape | None = None  # the request body's schema, when it is JSON or a form (which the reconciler reads)
     answer: Shape | None = None  # the first 2xx answer's JSON schema
     answer_status: str | None = None
     auth: tuple[Auth, ...] = ()  # a read's credentials
@@ -205,10 +205,10 @@ def _request_body(op: SchemaPath) -> tuple[tuple[str, ...], Shape | None]:
         return (), None
     content = body / "content"
     media = tuple(str(m) for m in mapping_of(content))
-    json_media = next((m for m in media if is_json_media(m)), None)
-    if json_media is None or "schema" not in content / json_media:
+    readable = next((m for m in media if is_json_media(m)), None) or next((m for m in media if is_form_media(m)), None)
+    if readable is None or "schema" not in content / readable:
         return media, None
-    return media, shape_of(content / json_media / "schema")
+    return media, shape_of(content / readable / "schema")
 
 
 def _answer(op: SchemaPath) -> tuple[str | None, Shape | None]:
@@ -227,6 +227,11 @@ def _answer(op: SchemaPath) -> tuple[str | None, Shape | None]:
     if json_media is None or "schema" not in content / json_media:
         return codes[0], None
     return codes[0], shape_of(content / json_media / "schema")
+
+
+def is_form_media(media: str) -> bool:
+    """A form body, which the reconciler reads as a document too (`a[b]=1` as {"a": {"b": "1"}}: Stripe's)."""
+    return media.split(";", 1)[0].strip().lower() == "application/x-www-form-urlencoded"
 
 
 def is_json_media(media: str) -> bool:

@@ -26,6 +26,7 @@ class Field:
     format: str | None = None
     items: "Shape | None" = None
     shape: "Shape | None" = None  # an envelope's object shape (`data`, or an object's one field)
+    read_only: bool = False  # `readOnly`: in a request schema, a field no request sends (Asana's gid, created_at)
 
     @property
     def scalar(self) -> bool:
@@ -42,11 +43,12 @@ class Shape:
     fields: Mapping[str, Field] = field(default_factory=dict)
     required: frozenset[str] = frozenset()
     items: "Shape | None" = None  # an array's item shape
-    maybe: frozenset[str] = frozenset()  # fields only some oneOf/anyOf alternatives have (Stripe's `deleted`)
+    maybe: Mapping[str, Field] = field(default_factory=dict)  # fields only some oneOf/anyOf alternatives have
 
 
 def shape_of(schema: SchemaPath, depth: int = MAX_SCHEMA_DEPTH, items: bool = True) -> Shape:
-    """The schema's shape: allOf merged; of oneOf/anyOf alternatives, the fields all of them have."""
+    """The schema's shape: allOf merged; of oneOf/anyOf alternatives, the fields all of them have (and, as `maybe`,
+    those only some have: a customer's email, or Stripe's `deleted` of a deleted one)."""
     raw = mapping_of(schema)
     if depth <= 0 or not raw:
         return Shape("other")
@@ -69,15 +71,16 @@ def shape_of(schema: SchemaPath, depth: int = MAX_SCHEMA_DEPTH, items: bool = Tr
         required |= shape.required
     alternatives = [shape_of(p, depth - 1, items) for key in ("oneOf", "anyOf") for p in _parts(schema, raw, key)]
     objects = [a for a in alternatives if a.kind == "object"]
-    maybe: set[str] = set()
+    maybe: dict[str, Field] = {}
     if objects:
         common = set.intersection(*(set(a.fields) for a in objects))
         fields.update((name, objects[0].fields[name]) for name in common if name not in fields)
         required |= set.intersection(*(set(a.required) for a in objects))
-        maybe = set().union(*(set(a.fields) | a.maybe for a in objects)) - set(fields)
+        for alternative in objects:
+            maybe.update((n, f) for n, f in {**alternative.maybe, **alternative.fields}.items() if n not in fields)
     if not fields and not types:
         return Shape("other")
-    return Shape("object", fields, frozenset(required), maybe=frozenset(maybe))
+    return Shape("object", fields, frozenset(required), maybe=maybe)
 
 
 def field_of(schema: SchemaPath | None, depth: int, items: bool, envelope: bool = False) -> Field:
@@ -88,7 +91,7 @@ def field_of(schema: SchemaPath | None, depth: int, items: bool, envelope: bool 
     item_shape = shape_of(schema / "items", depth - 1, items=False) if items and "items" in raw and "array" in types else None
     inner = shape_of(schema, depth - 1, items) if envelope and "object" in types else None
     fmt = raw.get("format")
-    return Field(frozenset(types), fmt if isinstance(fmt, str) else None, item_shape, inner)
+    return Field(frozenset(types), fmt if isinstance(fmt, str) else None, item_shape, inner, raw.get("readOnly") is True)
 
 
 def _types(schema: SchemaPath, raw: Mapping[str, Any], depth: int) -> set[str]:

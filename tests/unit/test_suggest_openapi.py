@@ -98,15 +98,21 @@ def test_an_array_answer_has_its_items_shape_and_an_envelope_its_inner_shape():
     assert envelope is not None and set(envelope.fields) == {"id", "title", "rank"}
 
 
-def test_a_json_kin_media_type_is_json_and_a_form_is_not():
-    form = {"content": {"application/x-www-form-urlencoded": {"schema": THING}}}
+def test_a_json_kin_body_and_a_form_are_read_and_a_multipart_one_is_not():
+    form = {"content": {"multipart/form-data": {"schema": THING}, "application/x-www-form-urlencoded": {"schema": THING}}}
     vendor = {"content": {"application/vnd.github+json; charset=utf-8": {"schema": THING}}}
-    paths = {"/f": {"post": {"requestBody": form, "responses": {}}}, "/v": {"post": {"requestBody": vendor, "responses": {}}}}
+    multipart = {"content": {"multipart/form-data": {"schema": THING}}}
+    paths = {
+        "/f": {"post": {"requestBody": form, "responses": {}}},
+        "/v": {"post": {"requestBody": vendor, "responses": {}}},
+        "/m": {"post": {"requestBody": multipart, "responses": {}}},
+    }
 
-    form_op, vendor_op = read_api(document(paths)).operations
+    form_op, vendor_op, multipart_op = read_api(document(paths)).operations
 
-    assert (form_op.body_media, form_op.body) == (("application/x-www-form-urlencoded",), None)
+    assert form_op.body is not None and "title" in form_op.body.fields  # the reconciler reads a form as a document
     assert vendor_op.body is not None and "title" in vendor_op.body.fields
+    assert (multipart_op.body_media, multipart_op.body) == (("multipart/form-data",), None)
 
 
 def test_the_first_2xx_answer_is_201_before_200():
