@@ -29,7 +29,7 @@ from proxy_addon.store.tables import TERMINAL_PREDICATE, Approval, DuplicateRefu
 
 BATCH = 500  # receipts per prune transaction at most on SQLite (and rows of the other tables per transaction)
 MIN_BATCH = 50
-BATCH_SECONDS = 0.04  # what a batch of receipts should take: its size follows (docs/performance.md, "Prune")
+BATCH_SECONDS = 0.025  # what a batch of receipts should take on SQLite: its size follows (docs/performance.md, "Prune")
 PAUSE = 0.01  # seconds between two batches at least: the journal's writers go first
 # PostgreSQL locks rows: a proxy's write never waits for a batch, which costs it only CPU and I/O, so a batch may
 # be larger and the prune need not pause as long as it took (at a million receipts on a busy machine, SQLite's
