@@ -26,10 +26,11 @@ import h11
 from mitmproxy import ctx, http
 
 from proxy_addon.log import get_logger
-from proxy_addon.request import answers, bodylimit
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.facts import RequestFacts
-from proxy_addon.request.sender import HOP_BY_HOP
+from proxy_addon.protocols.facts import RequestFacts
+from proxy_addon.request import bodylimit
+from proxy_addon.request.wire import HOP_BY_HOP
+from proxy_addon.rules import answers
+from proxy_addon.rules.answers import Answer
 
 log = get_logger("receipts.proxy")
 

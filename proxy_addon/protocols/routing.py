@@ -13,19 +13,18 @@ Rules: the route's rule is the first whose method and path template match and th
 protocol call's rule is the first that names it (a glob), else the route's. Pure; no mitmproxy.
 """
 
-from collections.abc import Sequence
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl
 
-from proxy_addon.config import HostPolicy, ReceiptsConfig
+from proxy_addon.config import ReceiptsConfig
 from proxy_addon.protocols import aws, graphql, jsonrpc
 from proxy_addon.protocols.base import Call, Route
 from proxy_addon.protocols.rest import REST
 from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.policy import HostPolicy, Query, match_rule
 
 if TYPE_CHECKING:
-    from proxy_addon.request.facts import RequestFacts
+    from proxy_addon.protocols.facts import RequestFacts
 
 
 class ProtocolModule(Protocol):
@@ -37,7 +36,7 @@ class ProtocolModule(Protocol):
     def read_headers(self, body: Any) -> dict[str, str] | None: ...
 
 
-Query = Sequence[tuple[str, str]]
+
 PROTOCOLS: tuple[ProtocolModule, ...] = (graphql, jsonrpc, aws)  # the modules, asked in this order
 # operation-name prefixes -> the call's name, for rules matched again later (the reconciler)
 _PREFIXES = (jsonrpc.MCP_OPERATION_PREFIX, graphql.OPERATION_PREFIX, jsonrpc.OPERATION_PREFIX)
@@ -78,27 +77,6 @@ def recognise(facts: "RequestFacts", config: ReceiptsConfig) -> Call:
         if matched is not None and matched[0].call is not None and not matched[0].journal:
             call = call.passing("rule")
     return call
-
-
-def match_rule(
-    policy: HostPolicy, method: str, path: str, name: str | None, query: Query = ()
-) -> tuple[OperationRule, dict[str, str]] | None:
-    """The operation rule for a request, with its path parameters: the first naming this call, else the route's
-    (a rule's `query` must hold too)."""
-    route_match = None
-    for rule in policy.operations:
-        if rule.method != method or (rule.call is not None and (name is None or not fnmatchcase(name, rule.call))):
-            continue
-        if not rule.matches_query(query):
-            continue
-        m = rule.path_regex.match(path)
-        if m is None:
-            continue
-        if rule.call is not None:
-            return rule, m.groupdict()
-        if route_match is None:
-            route_match = rule, m.groupdict()
-    return route_match
 
 
 def receipt_rule(

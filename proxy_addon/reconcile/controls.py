@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from proxy_addon.config import HostPolicy
 from proxy_addon.reconcile.decide import Found, ReadOutcome
 from proxy_addon.reconcile.rules import request_document
 from proxy_addon.rules.operations import PLACEHOLDER_RE, OperationRule, ReconcileRule, template_placeholders
+from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import ControlRunRecord, ReceiptRecord, Verdict
 from proxy_addon.rules.states import ControlKind, ControlResult, State
 

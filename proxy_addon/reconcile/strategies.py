@@ -12,7 +12,6 @@ from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 import httpx
 
-from proxy_addon.config import HostPolicy
 from proxy_addon.exceptions import ReadNotPossibleError, UnreadableRuleError
 from proxy_addon.log import get_logger
 from proxy_addon.protocols import routing, sse
@@ -28,9 +27,10 @@ from proxy_addon.reconcile.rules import (
     parse_time,
     request_document,
 )
-from proxy_addon.request.sender import HOP_BY_HOP
+from proxy_addon.request.wire import HOP_BY_HOP
 from proxy_addon.rules.fingerprint import canonical_json
 from proxy_addon.rules.operations import OperationRule, ReconcileRule
+from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.rules.redaction import REDACTED, error_text, redact_url
 from proxy_addon.units import AnswerField, compile_jsonpath

@@ -20,12 +20,12 @@ from typing import Any
 from sqlalchemy import Column, ColumnElement, Connection, Select, Table, and_, delete, func, insert, select, text
 
 from proxy_addon.config import RetentionSettings
+from proxy_addon.journal.tables import TERMINAL_PREDICATE, Approval, DuplicateRefusal, ReceiptCount, VerifierControl
 from proxy_addon.rules.records import JournalStats, utcnow
 from proxy_addon.rules.states import OPEN_STATES, ApprovalState, State
 from proxy_addon.store.audit import record_pruned
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import receipts, transitions
-from proxy_addon.store.tables import TERMINAL_PREDICATE, Approval, DuplicateRefusal, ReceiptCount, VerifierControl
 
 BATCH = 500  # receipts per prune transaction at most on SQLite (and rows of the other tables per transaction)
 MIN_BATCH = 50

@@ -16,11 +16,11 @@ from support.store import S, intent, recorded, walk
 from proxy_addon.addons.housekeeping import Housekeeping
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError
+from proxy_addon.journal.tables import ReceiptCount, VerifierControl
 from proxy_addon.rules.records import utcnow
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store import retention as retention_module
 from proxy_addon.store.receipts import receipts
-from proxy_addon.store.tables import ReceiptCount, VerifierControl
 
 counts_table = ReceiptCount.__table__
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy_addon.request.sender import UpstreamResponse
+from proxy_addon.rules.send_result import UpstreamResponse
 
 PROBLEM_BASE = "urn:agent-receipts:problem:"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
