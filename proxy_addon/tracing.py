@@ -188,6 +188,8 @@ def _request_attributes(facts: "RequestFacts") -> dict[str, Any]:
         "url.path": scrub_text(facts.path),
         "receipts.protocol": facts.call.protocol,
     }
+    if facts.agent is not None:  # its name (agents/identity.py), never its token
+        attributes["gen_ai.agent.name"] = facts.agent
     tool = getattr(facts.call, "tool", None)
     if tool:
         attributes.update({"gen_ai.operation.name": MCP_TOOL_SPAN, "gen_ai.tool.name": tool, "mcp.method.name": "tools/call"})
@@ -235,6 +237,8 @@ def verdict_span(receipt: "ReceiptRecord", history: Sequence["TransitionRecord"]
         "server.port": receipt.port,
         "url.path": scrub_text(receipt.path),
     }
+    if receipt.agent is not None:  # the agent whose write it settles
+        attributes["gen_ai.agent.name"] = receipt.agent
     name = f"receipts reconcile {scrub_text(receipt.operation)}"
     root = Context()  # a trace of its own: it happens long after the agent's, which its link leads to
     kind = trace.SpanKind.INTERNAL

@@ -4,7 +4,8 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
     mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(request/handler.py). Beside it, each in its module of this package and each its own concern: `Admission`
+(request/handler.py). Beside it, each in its module and each its own concern: `AgentAuth` (which agent is
+asking: addons/agent_auth.py), `Admission`
 (requests to the proxy itself, bodies over proxy.max_body), `Passthrough` and `StreamLargeBodies` (stream what is
 not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`, `InProxyAdmin`. What
 they share of this addon's state is the `ReceiptsState` protocol (state.py).
@@ -26,10 +27,12 @@ from mitmproxy.connection import ConnectionState
 from proxy_addon import tracing
 from proxy_addon.addons import admission
 from proxy_addon.addons.admin import InProxyAdmin
+from proxy_addon.addons.agent_auth import AgentAuth
 from proxy_addon.addons.heartbeat import Heartbeat
 from proxy_addon.addons.housekeeping import Housekeeping
 from proxy_addon.addons.passthrough import Passthrough, StreamLargeBodies, mark_passing, recognised, route_of
 from proxy_addon.addons.reconciler import InProxyReconciler
+from proxy_addon.agents.identity import agent_of
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import check_schema, database_wait, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
@@ -237,6 +240,7 @@ def request_facts(flow: http.HTTPFlow, max_body: int = bodylimit.NO_LIMIT) -> Re
         raw_headers=tuple(req.headers.fields),
         raw_body=req.raw_content or b"",
         client_gone=lambda: not flow.client_conn.state & ConnectionState.CAN_READ,
+        agent=agent_of(flow),
     )
 
 
@@ -272,6 +276,7 @@ def make_addons() -> list[Any]:
     admin = InProxyAdmin(journal)
     return [
         journal,
+        AgentAuth(journal),  # before every other hook of ours: a request refused 407 is neither journaled nor forwarded
         admission.Admission(journal, admin, to_response),  # before Passthrough: what it refuses is never streamed
         Passthrough(journal),
         StreamLargeBodies(journal),

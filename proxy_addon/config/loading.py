@@ -74,7 +74,7 @@ def describe_validation_error(e: ValidationError) -> str:
     loc = ".".join(
         str(p) if str(p).isprintable() else repr(p)  # a key with a line break must not break the one line
         for p in err["loc"]
-        if not (isinstance(p, str) and p.startswith("function-"))
+        if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]"))
     )
     if err["type"] == "extra_forbidden":
         return f"{loc}: unknown key"
@@ -84,4 +84,4 @@ def describe_validation_error(e: ValidationError) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
     more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    return f"{loc or 'config'}: {msg}{more}"
+    return f"{loc}: {msg}{more}" if loc else f"{msg}{more}"  # a whole-config check names its keys itself

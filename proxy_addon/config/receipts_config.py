@@ -4,6 +4,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from proxy_addon.agents.settings import Agents, check_required
 from proxy_addon.config.hosts import Defaults, HostConfig, merge_signing
 from proxy_addon.config.sections import (
     AdminSettings,
@@ -30,6 +31,7 @@ class ReceiptsConfig(StrictModel):
     logging: LoggingSettings = LoggingSettings()
     audit: AuditSettings = AuditSettings()
     retention: RetentionSettings | None = None
+    agents: Agents = Field(default_factory=dict)  # NAME: {token_hash: ...} (agents/settings.py)
     secret_file: str = ".receipts-secret"  # relative to the config file's directory (load_config)
 
     @model_validator(mode="before")
@@ -44,6 +46,11 @@ class ReceiptsConfig(StrictModel):
     @classmethod
     def _lower_hosts(cls, hosts: dict[str, HostConfig]) -> dict[str, HostConfig]:
         return {check_host_key(k): v for k, v in hosts.items()}
+
+    @model_validator(mode="after")
+    def _agents_to_require(self) -> "ReceiptsConfig":
+        check_required(self.proxy.require_agent, self.agents)
+        return self
 
     def model_post_init(self, _context: Any) -> None:
         object.__setattr__(self, "_policies", {})

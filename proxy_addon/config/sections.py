@@ -33,6 +33,7 @@ class ProxySettings(StrictModel):
     # a succeeded or outcome_unknown verdict commits while its answer travels (request/handler.py); false: every
     # verdict commits before its answer
     answer_first: bool = True
+    require_agent: bool = False  # true: 407 for a request without a configured agent's identity (agents/identity.py)
 
     @field_validator("methods")
     @classmethod

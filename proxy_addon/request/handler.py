@@ -157,13 +157,14 @@ class WriteHandler:
             except JournalUnavailableError as e:
                 return self.refusals.journal_down(e, facts)
         metrics.journaled(time.perf_counter() - started)
+        metrics.agent_journaled(intent.agent)
         if facts.client_gone():
             return await self.unsent.agent_left(operation_id, head)
         if liveness.lost_since(alive):
             return await self.unsent.stalled(operation_id, head)
 
         # structlog's bound_contextvars, without the copy of every context variable it makes to restore this one
-        tokens = structlog.contextvars.bind_contextvars(operation_id=operation_id)
+        tokens = structlog.contextvars.bind_contextvars(operation_id=operation_id, agent=intent.agent)
         try:
             return await self._send(facts, policy, intent, rule, agent_key, head)
         finally:

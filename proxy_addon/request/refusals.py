@@ -27,7 +27,7 @@ class Refusals:
         decision = duplicates.decide_retry(e.blocker, policy.after_success)
         assert decision.reason is not None
         reason = decision.reason.value
-        log.info("request_refused", reason=reason, operation_id=e.operation_id, state=e.state, waited=waited)
+        log.info("request_refused", reason=reason, operation_id=e.operation_id, state=e.state, waited=waited, agent=e.intent.agent)
         metrics.duplicate_refused(reason)
         self._note(reason, e)
         answer = duplicates.refusal_answer(decision, agent_key, waited)

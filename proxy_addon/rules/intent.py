@@ -66,6 +66,9 @@ class RequestRead(Protocol):
     @property
     def call(self) -> ProtocolCall: ...
 
+    @property
+    def agent(self) -> str | None: ...  # who sent it, as proxy authentication named it; None: anonymous
+
 
 def operation_name(facts: RequestRead, rule: OperationRule | None) -> str:
     """The rule's name, else `METHOD host path-template` with id-like segments shown as `{id}`."""
@@ -85,7 +88,7 @@ def build_intent(
     operation_id: str,
 ) -> tuple[Intent, OperationRule | None]:
     """The intent to journal for this request (fingerprint, account, redacted copy) and the rule it matched."""
-    matched = match_rule(policy, facts.method, facts.path, facts.call.name)  # a rule may name the protocol's call
+    matched = match_rule(policy, facts.method, facts.path, facts.call.name, facts.query)  # a rule may name the protocol's call
     rule = matched[0] if matched else None
     body = analyse_body(
         facts.content_type,
@@ -127,5 +130,6 @@ def build_intent(
         request_body_truncated=len(stored) > max_stored_body,
         body_note=body.note,
         proxy_instance=instance_id,
+        agent=facts.agent,  # recorded, never part of the fingerprint or the account (agents/identity.py says why)
     )
     return intent, rule

@@ -2,6 +2,7 @@
 config/), and the operation rule a request matches in them (`match_rule`). Pure: what every rule reads of a
 host's settings comes in as this data."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Literal
@@ -11,6 +12,8 @@ from proxy_addon.rules.operations import OperationRule, ProtocolName
 from proxy_addon.rules.redaction import SecretFields, SecretHeaders
 from proxy_addon.rules.signing import NO_SIGNING, Signing
 from proxy_addon.units import Duration, PositiveDuration, StrictModel
+
+Query = Sequence[tuple[str, str]]  # a request's query, parsed: (name, value) in order
 
 UpstreamConnections = Literal["reuse", "fresh"]
 
@@ -61,11 +64,16 @@ class HostPolicy:
         return None
 
 
-def match_rule(policy: HostPolicy, method: str, path: str, name: str | None) -> tuple[OperationRule, dict[str, str]] | None:
-    """The operation rule for a request, with its path parameters: the first naming this call, else the route's."""
+def match_rule(
+    policy: HostPolicy, method: str, path: str, name: str | None, query: Query = ()
+) -> tuple[OperationRule, dict[str, str]] | None:
+    """The operation rule for a request, with its path parameters: the first naming this call, else the route's
+    (a rule's `query` must hold too)."""
     route_match = None
     for rule in policy.operations:
         if rule.method != method or (rule.call is not None and (name is None or not fnmatchcase(name, rule.call))):
+            continue
+        if not rule.matches_query(query):
             continue
         m = rule.path_regex.match(path)
         if m is None:

@@ -68,6 +68,7 @@ def test_the_kept_counts_equal_count_by_host_and_state_after_every_kind_of_chang
 
 def test_prune_goes_in_batches_resumes_where_it_stopped_and_keeps_the_counts(store, monkeypatch):
     monkeypatch.setattr(retention_module, "BATCH", 3)
+    monkeypatch.setattr(retention_module, "PG_BATCH", 3)
     doomed = []
     for _ in range(8):
         op = recorded(store, intent()).operation_id

@@ -24,10 +24,12 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("proxy_addon", "units", "resources"),  # no import of proxy_addon at all
     ("rules",),  # the pure floor: states, records, intent, fingerprint, redaction, verdicts, answers, host policy
     ("presets",),  # tested rules for known APIs, as config.yaml would write them
+    ("agents",),  # who is asking: agents' names, tokens and their hashes, the name off a flow
     ("exceptions", "log"),
     ("keyfiles", "db", "metrics"),  # key files made on first use; engines; the Prometheus metrics
     ("audit",),  # the hash chain, the signed checkpoints, `receipts verify`
     ("config",),  # config.yaml: the sections, the host entries merged into a rules.policy.HostPolicy
+    ("suggest",),  # read rules suggested from an OpenAPI document, checked against config's models
     ("protocols",),  # what is journaled and how each protocol reads a request (RequestFacts, routing)
     ("journal", "tracing"),  # the journal: its tables, statements, writes, writer and client; the write span
     ("store",),  # everything else that reads or writes the tables
