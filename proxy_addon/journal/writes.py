@@ -134,6 +134,17 @@ class Step:
         object.__setattr__(self, "to", to.value)
 
 
+@dataclass(frozen=True, slots=True)
+class Foreseen:
+    """What `record` would do with a write now (`foresee`): be refused by, or replay, `blocker`; for a write that
+    needs approval, use `approval` (approved) or answer with it (pending, denied), or ask for a new one
+    (`asks_approval`); with none of these, record it and send it."""
+
+    blocker: Blocker | None = None
+    approval: ApprovalRecord | None = None
+    asks_approval: bool = False
+
+
 class Cursor(Protocol):
     @property
     def rowcount(self) -> int: ...
@@ -244,6 +255,21 @@ class JournalWrites(ABC):
         success within `successes_block_for` that no later write to its target has invalidated (an open one
         wins). At most two indexed queries."""
         return self._blocker(_decision(intent, successes_block_for))
+
+    def foresee(self, new: NewReceipt) -> "Foreseen":
+        """What `record` would do with this write now, writing nothing: the receipt in its way (the blocker
+        queries `record` runs), else, for a write that needs approval, the approval it would use, the denial or
+        the pending approval it would answer with (the conditions of `record`'s own approval statements), or
+        that it would ask for a new one. The agent API's `POST /check` (agents/check.py)."""
+        blocker = self._blocker(_decision(new.intent, new.successes_block_for))
+        if blocker is not None or new.approval is None:
+            return Foreseen(blocker)
+        intent = {"account": new.intent.account, "fingerprint": new.intent.intent_fingerprint, "now": new.at or utcnow()}
+        for statement in (sql.USABLE_APPROVAL, sql.DENIAL, sql.PENDING_APPROVAL):  # `_record_approved`'s order
+            row = self._execute(statement, intent).fetchone()
+            if row is not None:
+                return Foreseen(approval=ApprovalRecord(**self.sql.approval(tuple(row))))
+        return Foreseen(asks_approval=True)
 
     def pipelined(self, writes: Sequence[NewReceipt | Step]) -> list[Sent | None]:
         """The first statement of each write sent ahead, for `record` and `advance` to read (None: not sent)."""

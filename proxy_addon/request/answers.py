@@ -4,6 +4,7 @@ An `Answer` is plain data (no mitmproxy): the addon turns it into the flow's res
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -67,6 +68,29 @@ def problem(status: int, kind: str, title: str, detail: str, **extra: Any) -> An
     document = {"type": PROBLEM_BASE + kind, "title": title, "status": status, "detail": detail}
     document.update({k: v for k, v in extra.items() if v is not None})
     return answer(status, json.dumps(document).encode(), {"Content-Type": PROBLEM_CONTENT_TYPE, "Cache-Control": "no-store"})
+
+
+def with_receipt_url(a: Answer, receipt_url: Callable[[str], str | None]) -> Answer:
+    """One of our problem+json answers that names a receipt, with `receipt_url`: where the agent asks for that
+    receipt later (the agent API, agents/). Any other answer (the upstream's, a replay) as it is."""
+    if (a.header("content-type") or "") != PROBLEM_CONTENT_TYPE:
+        return a
+    try:
+        document = json.loads(a.body)
+    except ValueError:  # an upstream's own problem+json that is not JSON: not ours
+        return a
+    if not isinstance(document, dict) or not str(document.get("type")).startswith(PROBLEM_BASE):
+        return a
+    operation_id = document.get("operation_id")
+    url = receipt_url(operation_id) if isinstance(operation_id, str) else None
+    if url is None or "receipt_url" in document:
+        return a
+    return _with_body(a, json.dumps({**document, "receipt_url": url}).encode())
+
+
+def _with_body(a: Answer, body: bytes) -> Answer:
+    headers = tuple((k, v) for k, v in a.headers if k.lower() != b"content-length")
+    return replace(a, headers=(*headers, (b"content-length", str(len(body)).encode())), body=body)
 
 
 def outcome_unknown(

@@ -40,16 +40,15 @@ from proxy_addon.log import get_logger
 from proxy_addon.request import answers
 from proxy_addon.request.answers import Answer
 from proxy_addon.request.facts import RequestFacts
+from proxy_addon.request.intake import WriteIntent, approval_answer, write_intent
 from proxy_addon.request.recording import VerdictRecorder
 from proxy_addon.request.sender import Sender, SendResult, Timeouts
 from proxy_addon.request.waiters import VerdictWaiters
 from proxy_addon.rules import duplicates
 from proxy_addon.rules.account import AccountHasher
-from proxy_addon.rules.approvals import approval_for
-from proxy_addon.rules.intent import build_intent
 from proxy_addon.rules.operations import OperationRule
 from proxy_addon.rules.records import Intent, Verdict, new_operation_id
-from proxy_addon.rules.states import ApprovalState, State
+from proxy_addon.rules.states import State
 from proxy_addon.rules.verdicts import not_sent, send_verdict, storable_response
 from proxy_addon.store import ReceiptStore
 
@@ -123,14 +122,17 @@ class WriteHandler:
         finally:
             if operation_id not in self.verdicts.recording:
                 self._settled(operation_id)
-        # the answers the proxy makes, in the request's own protocol (protocols/: MCP, GraphQL, JSON-RPC)
-        return outcome if outcome.answer is None else replace(outcome, answer=facts.call.answer(outcome.answer))
+        if outcome.answer is None:
+            return outcome
+        # the answers the proxy makes name where to ask for their receipt later, and come in the request's own
+        # protocol (protocols/: MCP, GraphQL, JSON-RPC)
+        answer = answers.with_receipt_url(outcome.answer, self.config.agent_api.receipt_url)
+        return replace(outcome, answer=facts.call.answer(answer))
 
     async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Handled:
-        agent_key = _header(facts, policy.idempotency_key_header)
         started = time.perf_counter()
-        intent, rule = await self._intent(facts, policy, agent_key, operation_id)
-        ask = approval_for(policy.approval, rule.approval if rule is not None else None)  # None: no approval rule
+        written = await self._intent(facts, policy, operation_id)
+        intent, rule, agent_key, ask = written.intent, written.rule, written.agent_key, written.approval
         if tracing.enabled:
             tracing.name_write(facts, intent.operation)
         waited = False
@@ -245,15 +247,13 @@ class WriteHandler:
 
     # -- 1. journal ---------------------------------------------------------------------------------------------
 
-    async def _intent(
-        self, facts: RequestFacts, policy: HostPolicy, agent_key: str | None, operation_id: str
-    ) -> tuple[Intent, OperationRule | None]:
-        """Fingerprint, account and redacted copy: on the event loop for a small body, else on a journal thread."""
-        key = agent_key if agent_key is not None else (operation_id if policy.inject_idempotency_key else None)
-        args = (facts, policy, self.hasher, self.instance_id, self.config.proxy.max_stored_body, key, operation_id)
+    async def _intent(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> WriteIntent:
+        """Fingerprint, account and redacted copy (intake.py): on the event loop for a small body, else on a journal
+        thread."""
+        args = (facts, policy, self.hasher, self.instance_id, self.config.proxy.max_stored_body, operation_id)
         if len(facts.body) <= INLINE_INTENT_BODY:
-            return build_intent(*args)
-        return await self._on_journal_thread(build_intent, *args)
+            return write_intent(*args)
+        return await self._on_journal_thread(write_intent, *args)
 
     async def _close_unsent(self, operation_id: str, answer_by: float) -> None:
         """`_abandon_unsent` on a journal thread, waited for until `answer_by` (CLOSE_UNSENT_AT_LEAST at least)."""
@@ -408,11 +408,7 @@ def _awaiting_approval(e: ApprovalNeededError) -> Handled:
     a = e.approval
     log.info("request_awaiting_approval", approval_id=a.approval_id, state=a.state, asked=a.asked, operation=a.operation)
     metrics.approval_awaited(a.state)
-    if a.state == ApprovalState.DENIED.value:
-        answer = answers.approval_denied(a.approval_id, a.operation, a.decided_by, a.note)
-    else:
-        answer = answers.approval_required(a.approval_id, a.operation, a.asked, f"{a.expires_at:%Y-%m-%dT%H:%M:%SZ}")
-    return Handled(answer, {"approval_id": a.approval_id, "refused": "approval_" + a.state})
+    return Handled(approval_answer(a), {"approval_id": a.approval_id, "refused": "approval_" + a.state})
 
 
 def _answer(intent: Intent, result: SendResult, verdict: Verdict) -> Answer:
@@ -427,9 +423,3 @@ def _answer(intent: Intent, result: SendResult, verdict: Verdict) -> Answer:
         return answers.not_sent(intent.operation_id, f"Could not connect to the upstream ({verdict.error_message})")
     return answers.from_upstream(result.answer)
 
-
-def _header(facts: RequestFacts, name: str) -> str | None:
-    """The header's value, several joined with ", " (as mitmproxy's Headers give it)."""
-    wanted = name.lower()
-    values = [v for k, v in facts.headers if k.lower() == wanted]
-    return ", ".join(values) if values else None

@@ -29,7 +29,7 @@ from proxy_addon import metrics
 from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import ApprovalNeededError, DuplicateIntentError, ReceiptNotFoundError
 from proxy_addon.journal.statements import DriverStatements
-from proxy_addon.journal.writes import Cursor, JournalWrites, NewReceipt, Step
+from proxy_addon.journal.writes import Cursor, Foreseen, JournalWrites, NewReceipt, Step
 from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.duplicates import successes_block_for
 from proxy_addon.rules.records import ApprovalRecord, Blocker, Intent, ReceiptRecord, TransitionRecord, utcnow
@@ -119,6 +119,13 @@ class StoredReceipts:
         )
         with self.db.storage_errors(), self.db.reading() as conn:
             return self.writes(conn).blocker(again, successes_block_for(after_success))
+
+    def foresee(self, intent: Intent, after_success: AfterSuccess, approval: ApprovalAsk | None = None) -> Foreseen:
+        """What `record_and_submit` would decide for this intent now, in a read-only transaction: nothing is
+        recorded and no approval is asked for (writes.py, `foresee`)."""
+        new = NewReceipt(intent, successes_block_for(after_success), intent.proxy_instance, at=utcnow(), approval=approval)
+        with self.db.storage_errors(), self.db.reading() as conn:
+            return self.writes(conn).foresee(new)
 
     # -- reads ------------------------------------------------------------------------------------------------
 
