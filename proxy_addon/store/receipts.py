@@ -20,7 +20,7 @@ The write a newcomer looks for, top to bottom in this file:
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Table, select
@@ -155,11 +155,14 @@ class StoredReceipts:
         limit: int | None = 100,
         port: int | None = None,
         after: str | None = None,
+        operation: str | None = None,
+        since: datetime | None = None,
     ) -> list[ReceiptRecord]:
         """Newest first (journal order); `host` with `port` (when given) is the target as `receipts ls --host
         host:port` names it. `after` pages by key: the receipts journaled before that one (ReceiptNotFoundError
         when there is none), so a page costs its own rows however deep it is, where an OFFSET reads every row
-        before it."""
+        before it. `operation` and `since` (created at or after) have no index of their own: they narrow what
+        the journal order (or the state's or host's index) reads, row by row."""
         q = select(receipts).order_by(receipts.c.seq.desc())
         if after is not None:
             q = q.where(receipts.c.seq < self._seq_of(after))
@@ -171,6 +174,10 @@ class StoredReceipts:
             q = q.where(receipts.c.port == port)
         if older_than is not None:
             q = q.where(receipts.c.created_at <= utcnow() - older_than)
+        if operation is not None:
+            q = q.where(receipts.c.operation == operation)
+        if since is not None:
+            q = q.where(receipts.c.created_at >= since)
         if limit is not None:
             q = q.limit(limit)
         with self.db.storage_errors(), self.db.reading() as conn:
