@@ -158,6 +158,10 @@ class Admission:
             return None
         return int(config.proxy.max_body)
 
+    async def forbidden(self, host: str, port: int) -> str | None:
+        """What of the proxy's own `host:port` is (the answer's words), or None (the agent API's check asks)."""
+        return await self._own().forbidden(host, port)
+
     async def _refuse_own(self, flow: http.HTTPFlow) -> bool:
         what = await self._own().forbidden(flow.request.host, flow.request.port)
         if what is None:

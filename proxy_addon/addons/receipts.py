@@ -5,8 +5,8 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
 (request/handler.py). Beside it, each in its module of this package and each its own concern: `Admission`
-(requests to the proxy itself, bodies over proxy.max_body), `Passthrough` and `StreamLargeBodies` (stream what is
-not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`, `InProxyAdmin`. What
+(requests to the proxy itself, bodies over proxy.max_body), `AgentAPI` (the agent's own receipts, answered by the
+proxy at its reserved host), `Passthrough` and `StreamLargeBodies` (stream what is not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`, `InProxyAdmin`. What
 they share of this addon's state is the `ReceiptsState` protocol (state.py).
 """
 
@@ -26,6 +26,7 @@ from mitmproxy.connection import ConnectionState
 from proxy_addon import tracing
 from proxy_addon.addons import admission
 from proxy_addon.addons.admin import InProxyAdmin
+from proxy_addon.addons.agent_api import AgentAPI, answered_here
 from proxy_addon.addons.heartbeat import Heartbeat
 from proxy_addon.addons.housekeeping import Housekeeping
 from proxy_addon.addons.passthrough import Passthrough, StreamLargeBodies, mark_passing, recognised, route_of
@@ -177,7 +178,12 @@ class Receipts:
     def journals(self, flow: http.HTTPFlow) -> bool:
         """Whether this request may be journaled, from its head (method, host, rule: protocols/routing.py); its
         protocol may still find it a read once its body is in. Else it passes through, streamed."""
-        return self.handler is not None and self.config is not None and route_of(self.config, flow).journal
+        return (
+            self.handler is not None
+            and self.config is not None
+            and not answered_here(flow)  # the agent API's: answered by the proxy itself
+            and route_of(self.config, flow).journal
+        )
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live or not self.journals(flow):
@@ -267,9 +273,11 @@ def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
     admin = InProxyAdmin(journal)
+    admits = admission.Admission(journal, admin, to_response)
     return [
         journal,
-        admission.Admission(journal, admin, to_response),  # before Passthrough: what it refuses is never streamed
+        AgentAPI(journal, admits.forbidden),  # before Admission and Passthrough: what it answers is none of theirs
+        admits,  # before Passthrough: what it refuses is never streamed
         Passthrough(journal),
         StreamLargeBodies(journal),
         Heartbeat(journal),

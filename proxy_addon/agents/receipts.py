@@ -105,11 +105,11 @@ class OwnReceipts:
         return await self._read(read)
 
     async def wait(
-        self, scope: AgentScope, operation_id: str, timeout: Any, gone: Callable[[], bool] = lambda: False
+        self, scope: AgentScope, operation_id: str, wait: Any, gone: Callable[[], bool] = lambda: False
     ) -> dict[str, Any]:
-        """`get`, once the receipt has left every open state, or at the timeout (then still open), or when the
-        asker has left (`gone`)."""
-        seconds = wait_arg(timeout)
+        """`get`, once the receipt has left every open state, or once `wait` has passed (then still open), or when
+        the asker has left (`gone`)."""
+        seconds = wait_arg(wait)
         first = await self.get(scope, operation_id)
         if not first["open"] or seconds == 0:
             return first
