@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from proxy_addon import __version__
 from proxy_addon.agent_env import CA_CERT_NAME, exports
+from proxy_addon.agents import stdio
 from proxy_addon.config import ReceiptsConfig, admin_settings, load_config
 from proxy_addon.db import alembic_config, check_schema, make_engine, resolve_database_url
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
@@ -473,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--confdir", default=None, help="mitmproxy's directory for its CA, as given to receipts proxy (default ~/.mitmproxy)")
 
     _add_receipt_commands(command)
+    stdio.add_command(command)  # receipts mcp: the agent API's MCP server over stdio
     return parser
 
 
