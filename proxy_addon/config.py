@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from proxy_addon.agents.settings import Agents, check_required
 from proxy_addon.db import DEFAULT_DATABASE_URL, anchor_sqlite_url
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.log import get_logger
@@ -146,6 +147,7 @@ class ProxySettings(StrictModel):
     # a succeeded or outcome_unknown verdict commits while its answer travels (request/handler.py); false: every
     # verdict commits before its answer
     answer_first: bool = True
+    require_agent: bool = False  # true: 407 for a request without a configured agent's identity (agents/identity.py)
 
     @field_validator("methods")
     @classmethod
@@ -310,6 +312,7 @@ class ReceiptsConfig(StrictModel):
     logging: LoggingSettings = LoggingSettings()
     audit: AuditSettings = AuditSettings()
     retention: RetentionSettings | None = None
+    agents: Agents = Field(default_factory=dict)  # NAME: {token_hash: ...} (agents/settings.py)
     secret_file: str = ".receipts-secret"  # relative to the config file's directory (load_config)
 
     @model_validator(mode="before")
@@ -324,6 +327,11 @@ class ReceiptsConfig(StrictModel):
     @classmethod
     def _lower_hosts(cls, hosts: dict[str, HostConfig]) -> dict[str, HostConfig]:
         return {check_host_key(k): v for k, v in hosts.items()}
+
+    @model_validator(mode="after")
+    def _agents_to_require(self) -> "ReceiptsConfig":
+        check_required(self.proxy.require_agent, self.agents)
+        return self
 
     def model_post_init(self, _context: Any) -> None:
         object.__setattr__(self, "_policies", {})
@@ -436,7 +444,7 @@ def describe_validation_error(e: ValidationError) -> str:
     loc = ".".join(
         str(p) if str(p).isprintable() else repr(p)  # a key with a line break must not break the one line
         for p in err["loc"]
-        if not (isinstance(p, str) and p.startswith("function-"))
+        if not (isinstance(p, str) and (p.startswith("function-") or p == "[key]"))
     )
     if err["type"] == "extra_forbidden":
         return f"{loc}: unknown key"
@@ -446,4 +454,4 @@ def describe_validation_error(e: ValidationError) -> str:
     for prefix in ("Value error, ", "Assertion failed, "):
         msg = msg.removeprefix(prefix)
     more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
-    return f"{loc or 'config'}: {msg}{more}"
+    return f"{loc}: {msg}{more}" if loc else f"{msg}{more}"  # a whole-config check names its keys itself

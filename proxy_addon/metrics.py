@@ -6,12 +6,13 @@ holds (receipts by state, the oldest open receipt's age) is read from the store 
 StoreCollector, so every replica's admin port tells the same totals.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy_addon.agents.tokens import ANONYMOUS_AGENT, OTHER_AGENT
 from proxy_addon.exceptions import ReceiptsError
 from proxy_addon.rules.records import JournalStats
 from proxy_addon.rules.states import RefusalReason, State
@@ -71,6 +72,14 @@ REUSED_CONNECTION_UNKNOWNS = Counter(
     "among them, any upstream idle close that crossed the request. Compare with receipts_transitions{to_state=outcome_unknown}.",
     registry=REGISTRY,
 )
+AGENT_JOURNALED = Counter(
+    "receipts_agent_journaled",
+    "Writes this process journaled (a new receipt, committed before the write went upstream), by agent: a name "
+    "of config `agents:`, `anonymous` (no proxy authentication), or `other` (a name not configured, such as "
+    "one from mitmproxy's own `proxyauth` option), so that the label's values stay as few as the agents.",
+    ["agent"],
+    registry=REGISTRY,
+)
 
 WRITER_STARTS = Counter(
     "receipts_journal_writer_starts",
@@ -116,6 +125,8 @@ for _r in RefusalReason:
     DUPLICATES.labels(_r.value)
 for _s in (State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN):
     RECONCILE_VERDICTS.labels(_s.value)
+_OTHER_AGENT = AGENT_JOURNALED.labels(OTHER_AGENT)
+_AGENTS_JOURNALED: dict[str | None, Counter] = {None: AGENT_JOURNALED.labels(ANONYMOUS_AGENT)}  # name_agents
 
 
 def transitioned(to_state: State | str) -> None:
@@ -134,6 +145,19 @@ def reconcile_verdict(state: State | str) -> None:
 
 def journaled(seconds: float) -> None:
     JOURNAL_SECONDS.observe(seconds)
+
+
+def name_agents(names: Iterable[str]) -> None:
+    """The configured agents (config `agents:`): each its own series, at 0 from the start; any other name counts
+    as `other`. Replaced whole, so that the hot path reads it without a lock."""
+    global _AGENTS_JOURNALED
+    _AGENTS_JOURNALED = {None: _AGENTS_JOURNALED[None], **{name: AGENT_JOURNALED.labels(name) for name in names}}
+
+
+def agent_journaled(agent: str | None) -> None:
+    """A write journaled for this agent (None: an anonymous one)."""
+    series = _AGENTS_JOURNALED.get(agent)
+    (series if series is not None else _OTHER_AGENT).inc()
 
 
 def verdict_committed(seconds: float, answered_first: bool) -> None:
@@ -222,6 +246,7 @@ def registry_for(
         DUPLICATES,
         RECONCILE_VERDICTS,
         JOURNAL_SECONDS,
+        AGENT_JOURNALED,
         REUSED_CONNECTION_UNKNOWNS,
         WRITER_STARTS,
         WRITER_RESTARTS,

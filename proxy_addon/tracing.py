@@ -175,6 +175,8 @@ def _request_attributes(facts: "RequestFacts") -> dict[str, Any]:
         "url.path": scrub_text(facts.path),
         "receipts.protocol": facts.call.protocol,
     }
+    if facts.agent is not None:  # its name (agents/identity.py), never its token
+        attributes["gen_ai.agent.name"] = facts.agent
     tool = getattr(facts.call, "tool", None)
     if tool:
         attributes.update({"gen_ai.operation.name": MCP_TOOL_SPAN, "gen_ai.tool.name": tool, "mcp.method.name": "tools/call"})

@@ -27,6 +27,7 @@ from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 from proxy_addon.addons.state import ReceiptsState
 from proxy_addon.agents import bridge
 from proxy_addon.agents.api import MAX_CHECK_BODY, SCOPE_AGENT, SCOPE_GONE, agent_app
+from proxy_addon.agents.identity import agent_of
 from proxy_addon.agents.receipts import OwnReceipts
 from proxy_addon.agents.scope import ANONYMOUS, AgentScope
 from proxy_addon.log import get_logger
@@ -43,7 +44,8 @@ def answered_here(flow: http.HTTPFlow) -> bool:
 
 
 def _scope_of(flow: http.HTTPFlow) -> AgentScope:
-    return ANONYMOUS
+    """The asking agent, as proxy authentication established it (AgentAuth, before this addon)."""
+    return AgentScope(agent_of(flow))
 
 
 class AgentAPI:

@@ -4,9 +4,11 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
     mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(request/handler.py). Beside it, each in its module of this package and each its own concern: `Admission`
-(requests to the proxy itself, bodies over proxy.max_body), `AgentAPI` (the agent's own receipts, answered by the
-proxy at its reserved host), `Passthrough` and `StreamLargeBodies` (stream what is not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`, `InProxyAdmin`. What
+(request/handler.py). Beside it, each in its module and each its own concern: `AgentAuth` (which agent is
+asking: agents/auth.py), `AgentAPI` (the agent's own receipts, answered by the proxy at its reserved host),
+`Admission` (requests to the proxy itself, bodies over proxy.max_body), `Passthrough` and `StreamLargeBodies`
+(stream what is not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`,
+`InProxyAdmin`. What
 they share of this addon's state is the `ReceiptsState` protocol (state.py).
 """
 
@@ -31,6 +33,8 @@ from proxy_addon.addons.heartbeat import Heartbeat
 from proxy_addon.addons.housekeeping import Housekeeping
 from proxy_addon.addons.passthrough import Passthrough, StreamLargeBodies, mark_passing, recognised, route_of
 from proxy_addon.addons.reconciler import InProxyReconciler
+from proxy_addon.agents.auth import AgentAuth
+from proxy_addon.agents.identity import agent_of
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import check_schema, database_wait, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
@@ -240,6 +244,7 @@ def request_facts(flow: http.HTTPFlow, max_body: int = bodylimit.NO_LIMIT) -> Re
         raw_headers=tuple(req.headers.fields),
         raw_body=req.raw_content or b"",
         client_gone=lambda: not flow.client_conn.state & ConnectionState.CAN_READ,
+        agent=agent_of(flow),
     )
 
 
@@ -276,6 +281,7 @@ def make_addons() -> list[Any]:
     admits = admission.Admission(journal, admin, to_response)
     return [
         journal,
+        AgentAuth(journal),  # before every other hook of ours: a request refused 407 is neither journaled nor forwarded
         AgentAPI(journal, admits.forbidden),  # before Admission and Passthrough: what it answers is none of theirs
         admits,  # before Passthrough: what it refuses is never streamed
         Passthrough(journal),

@@ -51,6 +51,8 @@ def mcp_server(receipts: OwnReceipts, scope_of: Scoper) -> MCPServer:
 
         Call it after a restart or when you lost your context, to find writes whose outcome you do not know
         (state=unknown), or the ones still open (state=open), before you do any of them again."""
+        page: list[dict[str, Any]]
+        next_after: str | None
         page, next_after = await _asked(receipts.list(scope_of(ctx), [state or ""], operation, since, limit, after))
         return {"receipts": page, "next_after": next_after}
 

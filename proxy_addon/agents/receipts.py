@@ -82,13 +82,26 @@ class OwnReceipts:
         states = _states_arg(state)
         since_at, count = _since_arg(since), _limit_arg(limit)
         store = self.sources().store
-        query = {"states": states, "operation": operation or None, "since": since_at, "limit": count, "after": after or None}
+        if after and not await self._sees(scope, after):
+            raise BadRequestError(f"after: no receipt {after}")  # another agent's is not one to page from
+
+        def read() -> list[ReceiptRecord]:
+            return store.receipts.list(
+                states=states, operation=operation or None, since=since_at, limit=count, after=after or None, agent=scope.agent
+            )
+
         try:
-            rows = await self._read(lambda: store.receipts.list(**query))
+            rows = await self._read(read)
         except ReceiptNotFoundError:
             raise BadRequestError(f"after: no receipt {after}") from None
-        rows = [r for r in rows if scope.sees(r)]
         return [receipt_document(r) for r in rows], (rows[-1].operation_id if len(rows) == count else None)
+
+    async def _sees(self, scope: AgentScope, operation_id: str) -> bool:
+        store = self.sources().store
+        try:
+            return scope.sees(await self._read(store.receipts.get, operation_id))
+        except ReceiptNotFoundError:
+            return False
 
     # -- get and wait ---------------------------------------------------------------------------------------------
 

@@ -472,6 +472,8 @@ def _new_rows(new: NewReceipt, approval_id: str | None = None) -> tuple[dict[str
     row = {name: getattr(intent, name) for name in INTENT_FIELDS}
     row.update(state=State.PLANNED.value, created_at=now, updated_at=now, submitted_at=None)
     created = {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint}
+    if intent.agent is not None:  # in the audit chain (its rows are hashed), not only in a column one could edit
+        created["agent"] = intent.agent
     if approval_id is not None:
         created["approval_id"] = approval_id
     history: list[dict[str, Any]] = [

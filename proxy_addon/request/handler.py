@@ -166,13 +166,14 @@ class WriteHandler:
             except JournalUnavailableError as e:
                 return self._journal_down(e, facts)
         metrics.journaled(time.perf_counter() - started)
+        metrics.agent_journaled(intent.agent)
         if facts.client_gone():
             return await self._agent_left(operation_id, head)
         if liveness.lost_since(alive):
             return await self._stalled(operation_id, head)
 
         # structlog's bound_contextvars, without the copy of every context variable it makes to restore this one
-        tokens = structlog.contextvars.bind_contextvars(operation_id=operation_id)
+        tokens = structlog.contextvars.bind_contextvars(operation_id=operation_id, agent=intent.agent)
         try:
             return await self._send(facts, policy, intent, rule, agent_key, head)
         finally:
@@ -314,7 +315,7 @@ class WriteHandler:
         decision = duplicates.decide_retry(e.blocker, policy.after_success)
         assert decision.reason is not None
         reason = decision.reason.value
-        log.info("request_refused", reason=reason, operation_id=e.operation_id, state=e.state, waited=waited)
+        log.info("request_refused", reason=reason, operation_id=e.operation_id, state=e.state, waited=waited, agent=e.intent.agent)
         metrics.duplicate_refused(reason)
         self._note_refusal(reason, e)
         answer = duplicates.refusal_answer(decision, agent_key, waited)

@@ -80,5 +80,6 @@ def build_intent(
         request_body_truncated=len(stored) > max_stored_body,
         body_note=body.note,
         proxy_instance=instance_id,
+        agent=facts.agent,  # recorded, never part of the fingerprint or the account (agents/identity.py says why)
     )
     return intent, rule

@@ -32,7 +32,16 @@ from proxy_addon.journal.statements import DriverStatements
 from proxy_addon.journal.writes import Cursor, Foreseen, JournalWrites, NewReceipt, Step
 from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.duplicates import successes_block_for
-from proxy_addon.rules.records import ApprovalRecord, Blocker, Intent, ReceiptRecord, TransitionRecord, utcnow
+from proxy_addon.rules.records import (
+    ANY_AGENT,
+    AgentFilter,
+    ApprovalRecord,
+    Blocker,
+    Intent,
+    ReceiptRecord,
+    TransitionRecord,
+    utcnow,
+)
 from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
 from proxy_addon.store.tables import Receipt, ReceiptTransition
@@ -157,15 +166,22 @@ class StoredReceipts:
         after: str | None = None,
         operation: str | None = None,
         since: datetime | None = None,
+        agent: AgentFilter = ANY_AGENT,
     ) -> list[ReceiptRecord]:
         """Newest first (journal order); `host` with `port` (when given) is the target as `receipts ls --host
         host:port` names it. `after` pages by key: the receipts journaled before that one (ReceiptNotFoundError
         when there is none), so a page costs its own rows however deep it is, where an OFFSET reads every row
-        before it. `operation` and `since` (created at or after) have no index of their own: they narrow what
-        the journal order (or the state's or host's index) reads, row by row."""
+        before it. `agent`: everyone's (ANY_AGENT), one agent's (its name), or the anonymous ones' (None)
+        (rules/records.py, AgentFilter); ix_receipts_agent_seq serves the last two. `operation` and `since`
+        (created at or after) have no index of their own: they narrow what the index read from the cursor on
+        gives, row by row."""
         q = select(receipts).order_by(receipts.c.seq.desc())
         if after is not None:
             q = q.where(receipts.c.seq < self._seq_of(after))
+        if agent is None:
+            q = q.where(receipts.c.agent.is_(None))
+        elif agent is not ANY_AGENT:
+            q = q.where(receipts.c.agent == agent)
         if states:
             q = q.where(receipts.c.state.in_([State(s).value for s in states]))
         if host:

@@ -30,6 +30,7 @@ class Refusals:
             "host": intent.host,
             "path": intent.path,
             "proxy_instance": proxy_instance,
+            "agent": intent.agent,
         }
         with self.db.writing() as conn:
             row = conn.execute(insert(refusals).values(**values).returning(*refusals.c)).one()

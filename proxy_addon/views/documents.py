@@ -38,6 +38,10 @@ class ReceiptView(BaseModel):
     query: str | None = Field(description="the query, secret parameters redacted")
     intent_fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]+$")
     account: str = Field(description="a keyed hash of the credentials, never the credentials")
+    agent: str | None = Field(
+        description="the agent that made the write, by the name it gave with proxy authentication "
+        "(config `agents:`); null: an anonymous agent"
+    )
     idempotency_key: str | None
     state: State
     created_at: datetime = Field(description=_TIME)

@@ -55,6 +55,7 @@ def seed(url: str) -> dict[str, str]:
             "intent_fingerprint": "sha256:" + hashlib.sha256(b"%d" % i).hexdigest(),
             "account": ACCOUNT if skewed else f"acct:other-{i % 500}", "idempotency_key": f"key-{i}", "state": "succeeded",
             "created_at": at, "updated_at": at, "submitted_at": at, "completed_at": at, "status_code": 200, "seq": i + 1,
+            "agent": "billing" if i % 2 else None,
         })  # fmt: skip
         history.append({"operation_id": op, "from_state": None, "to_state": "planned", "recorded_at": at, "detail": {}})
     try:
@@ -178,9 +179,10 @@ def test_no_write_of_the_hot_path_reads_the_history(skewed):
 
 
 def test_a_list_page_reads_its_index_from_the_cursor_on(skewed):
-    """`ls`, the review page and the admin API: a page of the newest receipts of a state or a host, and the page
-    after a given receipt, read their index in journal order and stop at the page's end; neither a scan nor a
-    sort of every receipt of that state or host (40,000 `succeeded` here)."""
+    """`ls`, the review page and the admin API: a page of the newest receipts of a state, a host or an agent (or
+    the anonymous ones), and the page after a given receipt, read their index in journal order and stop at the
+    page's end; neither a scan nor a sort of every receipt of that state, host or agent (40,000 `succeeded`
+    here, 20,000 of one agent)."""
     url, _ = skewed
     engine = make_engine(url)
     explained: list[tuple[str, Any]] = []
@@ -196,11 +198,12 @@ def test_a_list_page_reads_its_index_from_the_cursor_on(skewed):
     try:
         after = store.receipts.list(limit=50)[-1].operation_id
         for query in ({}, {"states": ["succeeded"]}, {"host": HOST}, {"states": ["succeeded"], "after": after},
-                      {"host": HOST, "after": after}, {"after": after}):
+                      {"host": HOST, "after": after}, {"after": after}, {"agent": "billing"}, {"agent": None},
+                      {"agent": "billing", "after": after}, {"agent": None, "after": after}):
             assert len(store.receipts.list(limit=50, **query)) == 50
     finally:
         engine.dispose()
-    assert len(explained) >= 9
+    assert len(explained) >= 13
     found = []
     for statement, rows in explained:
         if engine.dialect.name == "postgresql":
