@@ -17,6 +17,7 @@ from proxy_addon.agents.receipts import OwnReceipts
 from proxy_addon.agents.scope import AgentScope
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import check_schema, make_engine, resolve_database_url
+from proxy_addon.exceptions import ConfigError
 from proxy_addon.log import configure_logging
 from proxy_addon.rules.account import AccountHasher, load_or_create_key
 from proxy_addon.store import ReceiptStore
@@ -35,6 +36,8 @@ class LocalSources:
 def serve_stdio(config_path: str, agent: str | None, proxy_port: int) -> None:
     """Serve the agent's own receipts over stdin and stdout until the client closes them."""
     config = load_config(config_path)
+    if agent is not None and agent not in config.agents:
+        raise ConfigError(f"agent {agent!r} is not in the config's agents: (receipts agents ls)")
     configure_logging(config.logging.level, config.logging.format)  # on stderr: stdout carries the protocol
     engine = make_engine(resolve_database_url(config.database.url))
     check_schema(engine)
