@@ -13,8 +13,10 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy_addon.rules.records import ReceiptRecord, TransitionRecord
+from proxy_addon.agents.tokens import ANONYMOUS_AGENT
+from proxy_addon.rules.records import AgentFilter, ReceiptRecord, TransitionRecord
 from proxy_addon.rules.states import OPEN_STATES, State
+from proxy_addon.store.tables import AGENT_NAME_COLUMN
 from proxy_addon.views.journaled import RequestView, ResponseView, request_view, response_view
 
 _TIME = "UTC, RFC 3339; see docs/architecture.md, Which time is which"
@@ -85,6 +87,7 @@ PUBLIC_COLUMNS: tuple[str, ...] = tuple(ReceiptView.model_fields)
 LIST_COLUMNS: dict[str, str] = {
     "operation_id": "operation_id",
     "state": "state",
+    "agent": "agent",
     "operation": "operation",
     "host": "host",
     "status": "status_code",
@@ -175,6 +178,17 @@ def parse_host_filter(text: str) -> HostFilter:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"invalid port in host {text!r} (a number from 1 to 65535)")
     return HostFilter(host, int(port))
+
+
+def parse_agent_filter(text: str) -> AgentFilter:
+    """`--agent` / `?agent=`: an agent's name (that agent's receipts), or `anonymous` (those of agents that gave
+    none: a name no agent may have); ValueError names a bad one."""
+    name = text.strip()
+    if name == ANONYMOUS_AGENT:
+        return None
+    if not name or len(name) > AGENT_NAME_COLUMN or not name.isprintable():
+        raise ValueError(f"invalid agent {text[:80]!r} (an agent's name, or {ANONYMOUS_AGENT})")
+    return name
 
 
 def json_default(value: Any) -> Any:
