@@ -1,16 +1,21 @@
 """Addon: the agent's own receipts, answered by the proxy itself at a reserved host (`agent_api.host`,
 `receipts.internal` by default): the agent API of proxy_addon/agents/ (REST, its OpenAPI document, MCP at /mcp).
 
-Never forwarded, never journaled: it answers from the `request` hook, before the journal addon's (which leaves a
-flow with a response alone), and `answered_here` marks the flow from its head so that nothing streams it
-(Passthrough, StreamLargeBodies) nor counts it as a write (Receipts.journals, Admission's max_body). No
-connection to the reserved host is ever opened, whatever `connection_strategy` says:
+Never forwarded, never journaled: `requestheaders` marks the flow (`answered_here`) before any addon of ours
+looks at its head, so that nothing streams it (Passthrough, StreamLargeBodies) nor counts it as a write
+(Receipts.journals: the journal addon's `request` hook, which runs first, leaves it alone; Admission's
+max_body), and `request` answers it. No connection to the reserved host is ever opened, whatever
+`connection_strategy` says:
 - plain HTTP (`http://receipts.internal/...` through the proxy): answered from the request alone;
 - HTTPS (`CONNECT receipts.internal:443`): `http_connect` answers the CONNECT itself, which keeps mitmproxy's
-  `eager` strategy (plain `mitmdump -s`'s default) from connecting first; `tls_clienthello` keeps it from
-  asking the server's certificate first; the client's TLS is made with mitmproxy's CA for the name it asked for
-  (SNI), as for any host; `receipts proxy` runs `lazy`, which tries neither;
-- `server_connect` refuses any connection to the reserved host that would still be tried.
+  `eager` strategy from connecting first; the client's TLS is made with mitmproxy's CA for the name it asked
+  for (SNI), as for any host. `receipts proxy` runs `lazy`, which tries nothing more; under `eager` (`receipts
+  proxy --set connection_strategy=eager`) `tls_clienthello` keeps mitmproxy from asking the server's certificate
+  first. Plain `mitmdump -s` calls a script's `tls_clienthello` before its own TLS addon's, which asks for it
+  again: there
+- `server_connect` refuses the connection (and mitmproxy logs one line, "Unable to establish TLS connection with
+  server (Connection killed: ...)", then makes the client's TLS anyway). Nothing ever connects to the reserved
+  host (tests/e2e/test_agent_api.py, under mitmdump).
 The asking agent is put in the app's scope (agents/scope.py); without configured agents, every agent is the
 anonymous one. Turned off (`agent_api.enabled: false`), the host is an ordinary one, forwarded like any other.
 """
