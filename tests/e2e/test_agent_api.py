@@ -33,6 +33,7 @@ from proxy_addon.agents.tokens import new_token, token_hash
 from proxy_addon.config import load_config
 from proxy_addon.reconcile.worker import Reconciler
 from proxy_addon.store import ReceiptStore
+from proxy_addon.views.documents import dumps, show_document
 from tests.conftest import migrate
 
 API = "http://receipts.internal"
@@ -137,6 +138,26 @@ def test_two_agents_cannot_see_each_others_receipts(env: Env):
         assert billing.get(f"{API}/receipts/{supp}?wait=1s").status_code == 404
         paged = billing.get(f"{API}/receipts", params={"after": supp})
         assert paged.status_code == 400 and problem_type(paged) == "bad-request"
+
+
+def test_what_an_agent_is_shown_is_redacted_as_the_operators_views_and_never_holds_its_token(env: Env):
+    secret = f"sk-live-{tag()}"
+    article = {"title": f"secret-{tag()}", "body_markdown": "x", "password": secret}
+    headers = {"Authorization": f"Bearer {secret}"}
+    with env.client("billing") as billing:
+        op = billing.post(f"{env.world.base}/api/articles", json=article, headers=headers).headers["x-receipt-id"]
+        shown = billing.get(f"{API}/receipts/{op}")
+        listed = billing.get(f"{API}/receipts")
+        checked = billing.post(f"{API}/check", json={"method": "POST", "url": f"{env.world.base}/api/articles",
+                                                     "headers": headers, "body": article})
+    for answer in (shown, listed, checked):
+        assert secret not in answer.text and TOKENS["billing"] not in answer.text
+    operator = json.loads(dumps(show_document(env.store.receipts.get(op), env.store.receipts.history(op))))
+    assert shown.json()["request"] == operator["request"] and shown.json()["response"] == operator["response"]
+    assert {k: v for k, v in shown.json().items() if k in operator and k != "transitions"} == {
+        k: v for k, v in operator.items() if k != "transitions"
+    }
+    assert (checked.json()["decision"], checked.json()["operation_id"]) == ("replay", op)  # the same account's repeat
 
 
 def test_a_page_names_the_next_and_filters_hold(env: Env):
