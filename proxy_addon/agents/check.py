@@ -31,6 +31,7 @@ from proxy_addon.protocols.base import problem_of
 from proxy_addon.request import answers
 from proxy_addon.request.answers import Answer
 from proxy_addon.request.facts import RequestFacts, split_query
+from proxy_addon.request.handler import INLINE_INTENT_BODY
 from proxy_addon.request.intake import WriteIntent, approval_answer, write_intent
 from proxy_addon.request.wellformed import bad_request
 from proxy_addon.rules import duplicates
@@ -90,6 +91,7 @@ class CheckContext:
     hasher: AccountHasher
     instance_id: str
     forbidden: Forbidden
+    on_thread: Callable[..., Awaitable[Any]]  # runs a function off the event loop
 
 
 def request_facts(request: CheckRequest) -> RequestFacts:
@@ -148,15 +150,28 @@ async def check_write(
     problem = bad_request(facts)
     if problem is not None:
         return _refused(answers.bad_request(problem), problem)
-    facts = replace(facts, call=routing.recognise(facts, config))
-    if not facts.call.journal:
+    if len(facts.body) <= INLINE_INTENT_BODY:
+        facts, written = _read(facts, context)
+    else:  # its protocol's reading and its fingerprint cost more: off the event loop, as the handler's do
+        facts, written = await context.on_thread(_read, facts, context)
+    if written is None:
         return Checked("not_journaled", f"it passes through: its protocol reads it as a read ({facts.call.passes})")
     policy = config.policy_for(facts.host, facts.port)
-    written = write_intent(facts, policy, context.hasher, context.instance_id, config.proxy.max_stored_body, new_operation_id())
     foreseen = await foresee(written, policy)
     checked = _decided(foreseen, written, policy)
     shaped = None if checked.answer is None else facts.call.answer(checked.answer)  # MCP, GraphQL: their own shape
     return replace(checked, answer=shaped, operation=written.intent.operation)
+
+
+def _read(facts: RequestFacts, context: CheckContext) -> tuple[RequestFacts, WriteIntent | None]:
+    """The request as its protocol reads it, and, for a write, what the journal decides it by."""
+    config = context.config
+    facts = replace(facts, call=routing.recognise(facts, config))
+    if not facts.call.journal:
+        return facts, None
+    policy = config.policy_for(facts.host, facts.port)
+    operation_id = new_operation_id()
+    return facts, write_intent(facts, policy, context.hasher, context.instance_id, config.proxy.max_stored_body, operation_id)
 
 
 def _decided(foreseen: Foreseen, written: WriteIntent, policy: HostPolicy) -> Checked:

@@ -141,7 +141,7 @@ class OwnReceipts:
     async def check(self, scope: AgentScope, request: CheckRequest) -> dict[str, Any]:
         """What the proxy would do now with this request (check.py); nothing journaled, forwarded or stored."""
         sources = self.sources()
-        context = CheckContext(sources.config, sources.hasher, sources.instance_id, self.forbidden)
+        context = CheckContext(sources.config, sources.hasher, sources.instance_id, self.forbidden, self._read)
 
         async def foresee(written: WriteIntent, policy: HostPolicy) -> Foreseen:
             return await self._read(sources.store.receipts.foresee, written.intent, policy.after_success, written.approval)

@@ -15,6 +15,7 @@ PROBLEM_CONTENT_TYPE = "application/problem+json"
 RECEIPT_ID_HEADER = "X-Receipt-Id"
 RECEIPT_STATE_HEADER = "X-Receipt-State"
 REPLAYED_HEADER = "X-Receipt-Replayed"
+_PROBLEM_TYPE_BYTES = PROBLEM_CONTENT_TYPE.encode()
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,8 @@ def problem(status: int, kind: str, title: str, detail: str, **extra: Any) -> An
 def with_receipt_url(a: Answer, receipt_url: Callable[[str], str | None]) -> Answer:
     """One of our problem+json answers that names a receipt, with `receipt_url`: where the agent asks for that
     receipt later (the agent API, agents/). Any other answer (the upstream's, a replay) as it is."""
-    if (a.header("content-type") or "") != PROBLEM_CONTENT_TYPE:
-        return a
+    if (b"content-type", _PROBLEM_TYPE_BYTES) not in a.headers:
+        return a  # ours are made by `answer` (names in lower case); on every write's answer: one tuple scan
     try:
         document = json.loads(a.body)
     except ValueError:  # an upstream's own problem+json that is not JSON: not ours

@@ -169,6 +169,8 @@ class Row:
 
 ROWS = [
     Row("upstream 2xx", lambda w, t: post(w, f"/new/{t}"), "forward", None, then=201),
+    Row("upstream 2xx, a body read off the event loop", lambda w, t: post(w, f"/large/{t}", {"text": "x" * 20000}),
+        "forward", None, then=201),
     Row("upstream 4xx", lambda w, t: post(w, f"/status/422/{t}"), "forward", None, then=422),
     Row("a status in unknown_statuses", lambda w, t: post(w, f"/status/503/{t}"), "forward", None, then=504),
     Row("connection never made", lambda w, t: {**post(w, f"/x/{t}"), "url": f"http://127.0.0.1:{free_port()}/x/{t}"},

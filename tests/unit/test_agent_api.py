@@ -175,3 +175,27 @@ def test_each_agent_lists_and_reads_only_its_own(store):
         assert bad.status_code == 400 and bad.json()["detail"] == "limit must be between 1 and 200"
         invalid = billing.post("/check", json={"method": "POST"})
         assert invalid.status_code == 422 and invalid.json()["detail"].startswith("url: ")
+
+
+# -- the addon: which flows it answers -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config, host, answered", [
+    ("", "receipts.internal", True),
+    ("", "RECEIPTS.INTERNAL.", True),
+    ("", "api.example.com", False),
+    ("agent_api: {enabled: false}", "receipts.internal", False),  # an ordinary host then: forwarded
+    ("agent_api: {host: receipts.corp.example}", "receipts.corp.example", True),
+])
+def test_the_addon_answers_the_reserved_host_only_while_it_is_on(config, host, answered):
+    from proxy_addon.addons.agent_api import AgentAPI, answered_here
+
+    addon = AgentAPI(SimpleNamespace(config=parse_config(config), handler=None), forbidden=None)
+    flow = tflow.tflow()
+    flow.request.host = host
+    addon.requestheaders(flow)
+    assert answered_here(flow) is answered
+    connect = tflow.tflow()
+    connect.request.host = host
+    addon.http_connect(connect)
+    assert (connect.response is not None) is answered  # the tunnel's end is the proxy: nothing is connected
