@@ -36,7 +36,12 @@ Scoper = Callable[[Context], AgentScope]  # who asks, from the request
 
 def mcp_server(receipts: OwnReceipts, scope_of: Scoper) -> MCPServer:
     server = MCPServer("receipts", instructions=INSTRUCTIONS)
+    _add_reads(server, receipts, scope_of)
+    _add_wait_and_check(server, receipts, scope_of)
+    return server
 
+
+def _add_reads(server: MCPServer, receipts: OwnReceipts, scope_of: Scoper) -> None:
     @server.tool(annotations=READ_ONLY)
     async def list_receipts(
         ctx: Context,
@@ -67,6 +72,8 @@ def mcp_server(receipts: OwnReceipts, scope_of: Scoper) -> MCPServer:
         (the error's `operation_id` or `receipt_url`)."""
         return await _asked(receipts.get(scope_of(ctx), operation_id))
 
+
+def _add_wait_and_check(server: MCPServer, receipts: OwnReceipts, scope_of: Scoper) -> None:
     @server.tool(annotations=READ_ONLY)
     async def wait_for_receipt(
         ctx: Context,
@@ -98,8 +105,6 @@ def mcp_server(receipts: OwnReceipts, scope_of: Scoper) -> MCPServer:
         Call it before retrying any write, and before a write that may repeat one you made before."""
         request = CheckRequest(method=method, url=url, headers=headers or {}, body=body)
         return await _asked(receipts.check(scope_of(ctx), request))
-
-    return server
 
 
 async def _asked[T](work: Any) -> T:
