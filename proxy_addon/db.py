@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.dialects.sqlite.base import SQLiteCompiler
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
@@ -130,12 +131,22 @@ def _postgres_engine(url: URL, lock_wait: float | None = None, statement_wait: f
     return engine
 
 
+class _SQLiteCompiler(SQLiteCompiler):
+    """SQLite's compiler, with a table's hint (`Select.with_hint(table, "INDEXED BY ix_...", "sqlite")`) written
+    after its name, which SQLAlchemy's leaves out: where SQLite's planner, without statistics, would pick an
+    index that sorts the whole table (store/retention.py)."""
+
+    def get_from_hint_text(self, table: Any, text: str | None) -> str | None:
+        return text
+
+
 def _sqlite_engine(url: URL, lock_wait: float | None = None, statement_wait: float | None = None, **kwargs: Any) -> Engine:
     busy_ms = SQLITE_BUSY_TIMEOUT_MS if lock_wait is None else milliseconds(lock_wait)
     connect_args = kwargs.pop("connect_args", {})
     connect_args.setdefault("check_same_thread", False)
     connect_args.setdefault("timeout", busy_ms / 1000)
     engine = create_engine(url, connect_args=connect_args, **kwargs)
+    engine.dialect.statement_compiler = _SQLiteCompiler
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:

@@ -224,6 +224,8 @@ def verdict_span(receipt: "ReceiptRecord", history: Sequence["TransitionRecord"]
         "server.port": receipt.port,
         "url.path": scrub_text(receipt.path),
     }
+    if receipt.agent is not None:  # the agent whose write it settles
+        attributes["gen_ai.agent.name"] = receipt.agent
     name = f"receipts reconcile {scrub_text(receipt.operation)}"
     root = Context()  # a trace of its own: it happens long after the agent's, which its link leads to
     kind = trace.SpanKind.INTERNAL

@@ -4,6 +4,7 @@ import argparse
 import asyncio
 
 from proxy_addon.cli.common import EXIT_OK, Commands, load, open_store
+from proxy_addon.exceptions import ConfigError
 from proxy_addon.views.terminal import print_json, table
 
 
@@ -20,6 +21,17 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_rules_show(args: argparse.Namespace) -> int:
+    """A preset's rules as shipped, to read or to copy under a host and change."""
+    from proxy_addon import presets
+
+    try:
+        print(presets.preset_text(args.preset), end="")
+    except KeyError:
+        raise ConfigError(f"--preset: {presets.unknown_preset(args.preset)}") from None
+    return EXIT_OK
+
+
 # -- the parser ---------------------------------------------------------------------------------------------
 
 
@@ -28,6 +40,8 @@ def add_rules(commands: Commands) -> None:
     rules = commands.group("rules", "the reconcile read rules")
     p = commands.command("check", cmd_rules_check, "run every read rule's verifier controls on the live upstream; say which are proven", rules)
     p.add_argument("--json", action="store_true")
+    p = commands.command("show", cmd_rules_show, "print a preset's operation and read rules (preset: NAME on a host)", rules)
+    p.add_argument("--preset", required=True, metavar="NAME", help="stripe, s3, dynamodb, sqs, ses, ...")
 
 
 COMMANDS = {"rules": add_rules}

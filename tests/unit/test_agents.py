@@ -11,12 +11,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.e2e import read_until
 from support.handler import post
 
-from proxy_addon import metrics
+from proxy_addon import metrics, tracing
 from proxy_addon.agents.auth import AgentAuth
 from proxy_addon.agents.identity import agent_of
 from proxy_addon.agents.tokens import HASH_PATTERN, check_hash, check_name, new_token, token_hash, token_matches
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError
+from proxy_addon.request.facts import RequestFacts
 from proxy_addon.request.sender import SendEnd, SendResult
 
 BILLING, SUPPORT = new_token(), new_token()
@@ -201,3 +202,10 @@ def test_the_receipt_names_the_agent_and_another_agents_repeat_is_still_a_duplic
 def wait_for_refusals(store, operation_id: str) -> list:
     """The refusals noted for this receipt (noted on a journal thread, not awaited by the answer)."""
     return read_until(lambda: store.refusals.list(blocking_operation_id=operation_id), bool, timeout=10)
+
+
+def test_the_write_span_names_the_agent_and_an_anonymous_ones_names_none():
+    facts = RequestFacts("POST", "https", "api.example.com", 443, "/charges", [], [], None, b"")
+    assert "gen_ai.agent.name" not in tracing._request_attributes(facts)
+    named = tracing._request_attributes(RequestFacts(**{**facts.__dict__, "agent": "billing-agent"}))
+    assert named["gen_ai.agent.name"] == "billing-agent"
