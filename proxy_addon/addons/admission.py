@@ -23,10 +23,11 @@ from typing import Any
 from mitmproxy import ctx, http
 
 from proxy_addon.log import get_logger
-from proxy_addon.request import answers, bodylimit
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.facts import RequestFacts
+from proxy_addon.protocols.facts import RequestFacts
+from proxy_addon.request import bodylimit
 from proxy_addon.request.wellformed import bad_request
+from proxy_addon.rules import answers
+from proxy_addon.rules.answers import Answer
 
 log = get_logger("receipts.proxy")
 

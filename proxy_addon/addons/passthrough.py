@@ -33,7 +33,7 @@ from proxy_addon.config import ReceiptsConfig
 from proxy_addon.log import get_logger
 from proxy_addon.protocols import routing
 from proxy_addon.protocols.base import Route
-from proxy_addon.request.facts import RequestFacts
+from proxy_addon.protocols.facts import RequestFacts
 
 log = get_logger("receipts.proxy")
 

@@ -38,17 +38,20 @@ from proxy_addon.agents.identity import agent_of
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import check_schema, database_wait, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
-from proxy_addon.journal.client import JournalClient, WriterLink, WriterProcess
+from proxy_addon.journal.client import JournalClient
+from proxy_addon.journal.links import WriterLink, WriterProcess
 from proxy_addon.journal.messages import Setup
+from proxy_addon.keyfiles import load_or_create_key
 from proxy_addon.log import configure_logging, get_logger, scrub_standard_logging
+from proxy_addon.protocols.facts import RequestFacts, split_query
 from proxy_addon.protocols.rest import REST
 from proxy_addon.recovery import new_instance_id
-from proxy_addon.request import answers, bodylimit
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.facts import RequestFacts, split_query
+from proxy_addon.request import bodylimit
 from proxy_addon.request.handler import ALIVE, Liveness, WriteHandler
 from proxy_addon.request.sender import TLSSettings, UpstreamSender
-from proxy_addon.rules.account import AccountHasher, load_or_create_key
+from proxy_addon.rules import answers
+from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.answers import Answer
 from proxy_addon.store import ReceiptStore
 
 log = get_logger("receipts.proxy")

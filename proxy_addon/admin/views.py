@@ -18,7 +18,7 @@ from proxy_addon.exceptions import (
     ReceiptsError,
     StaleStateError,
 )
-from proxy_addon.request.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
+from proxy_addon.rules.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
 from proxy_addon.rules.records import ANY_AGENT, AgentFilter, ReceiptRecord
 from proxy_addon.store import ReceiptStore
 from proxy_addon.units import parse_duration

@@ -25,7 +25,7 @@ from proxy_addon.agents.openapi import Endpoint, Param, Reply
 from proxy_addon.agents.receipts import LIST_LIMIT, MAX_LIST_LIMIT, MAX_WAIT, OwnReceipts
 from proxy_addon.agents.scope import ANONYMOUS, AgentScope
 from proxy_addon.exceptions import BadRequestError, ReceiptNotFoundError, ReceiptsError
-from proxy_addon.request.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
+from proxy_addon.rules.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
 from proxy_addon.views.documents import ReceiptView, dumps
 
 SCOPE_AGENT = "receipts.agent"

@@ -18,7 +18,7 @@ from mitmproxy import http
 from mitmproxy.connection import ConnectionState
 
 from proxy_addon.log import get_logger
-from proxy_addon.request import answers
+from proxy_addon.rules import answers
 
 log = get_logger("receipts.agent_api")
 

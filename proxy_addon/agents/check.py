@@ -8,7 +8,7 @@ cannot carry (admission.py's `bad_request`, 400), the body's protocol (a GraphQL
 reads pass through), the intent (request/intake.py, as the handler builds it), and the journal's decision
 (journal/writes.py `foresee`: the blocker queries `record` runs and its approval statements' conditions, in a
 read-only transaction). The answer it would give is made by the functions the handler answers with
-(rules/duplicates.py `refusal_answer`, intake.py `approval_answer`), in the request's protocol.
+(rules/duplicates.py `refusal_answer`, rules/answers.py `approval_answer`), in the request's protocol.
 
 What it cannot foresee: what the upstream will answer to a forwarded write, a write another agent or replica
 records between the check and the write, and, for a host with `in_flight.policy: wait`, the verdict an
@@ -28,14 +28,13 @@ from proxy_addon.exceptions import BadRequestError
 from proxy_addon.journal.writes import Foreseen
 from proxy_addon.protocols import routing
 from proxy_addon.protocols.base import problem_of
-from proxy_addon.request import answers
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.facts import RequestFacts, split_query
+from proxy_addon.protocols.facts import RequestFacts, split_query
 from proxy_addon.request.handler import INLINE_INTENT_BODY
-from proxy_addon.request.intake import WriteIntent, approval_answer, write_intent
+from proxy_addon.request.intake import WriteIntent, write_intent
 from proxy_addon.request.wellformed import bad_request
-from proxy_addon.rules import duplicates
+from proxy_addon.rules import answers, duplicates
 from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.answers import Answer, approval_answer
 from proxy_addon.rules.records import ApprovalRecord, ReceiptRecord, new_operation_id
 from proxy_addon.rules.states import ApprovalState, RefusalReason
 

@@ -18,7 +18,7 @@ did it", and decides nothing about what is forwarded.
 
 from mitmproxy import http
 
-from proxy_addon.store.tables import AGENT_NAME_COLUMN
+from proxy_addon.journal.tables import AGENT_NAME_COLUMN
 
 PROXYAUTH_KEY = "proxyauth"  # flow.metadata: (user name, password), as mitmproxy's proxyauth addon sets it
 

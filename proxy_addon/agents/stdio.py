@@ -11,15 +11,16 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from proxy_addon.addons.admission import OwnAddresses
+from proxy_addon.agents.check import Forbidden
 from proxy_addon.agents.mcp import mcp_server
 from proxy_addon.agents.receipts import OwnReceipts
 from proxy_addon.agents.scope import AgentScope
-from proxy_addon.config import ReceiptsConfig, load_config
+from proxy_addon.config import ReceiptsConfig
 from proxy_addon.db import check_schema, make_engine, resolve_database_url
 from proxy_addon.exceptions import ConfigError
+from proxy_addon.keyfiles import load_or_create_key
 from proxy_addon.log import configure_logging
-from proxy_addon.rules.account import AccountHasher, load_or_create_key
+from proxy_addon.rules.account import AccountHasher
 from proxy_addon.store import ReceiptStore
 
 
@@ -33,9 +34,9 @@ class LocalSources:
     instance_id: str
 
 
-def serve_stdio(config_path: str, agent: str | None, proxy_port: int) -> None:
-    """Serve the agent's own receipts over stdin and stdout until the client closes them."""
-    config = load_config(config_path)
+def serve_stdio(config: ReceiptsConfig, agent: str | None, forbidden: Forbidden) -> None:
+    """Serve the agent's own receipts over stdin and stdout until the client closes them. `forbidden`: the proxy's
+    own addresses, which `check_write` says a write to is refused (cli/mcp.py names them)."""
     if agent is not None and agent not in config.agents:
         raise ConfigError(f"agent {agent!r} is not in the config's agents: (receipts agents ls)")
     configure_logging(config.logging.level, config.logging.format)  # on stderr: stdout carries the protocol
@@ -44,11 +45,8 @@ def serve_stdio(config_path: str, agent: str | None, proxy_port: int) -> None:
     sources = LocalSources(
         config, ReceiptStore(engine), AccountHasher(load_or_create_key(config.secret_file)), f"mcp-{uuid.uuid4().hex[:12]}"
     )
-    own = OwnAddresses()
-    own.add("127.0.0.1", proxy_port, "the proxy")
-    own.add(config.admin.listen_host, config.admin.listen_port, "the receipts admin server")
     executor = ThreadPoolExecutor(2, thread_name_prefix="receipts-mcp")
-    receipts = OwnReceipts(lambda: sources, executor, own.forbidden)
+    receipts = OwnReceipts(lambda: sources, executor, forbidden)
     scope = AgentScope(agent)
     try:
         asyncio.run(mcp_server(receipts, lambda _ctx: scope).run_stdio_async())

@@ -3,13 +3,18 @@ proxy's machine that starts its MCP servers from a config file."""
 
 import argparse
 
-from proxy_addon.cli.common import EXIT_OK, Commands
+from proxy_addon.cli.common import EXIT_OK, Commands, load
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
+    from proxy_addon.addons.admission import OwnAddresses
     from proxy_addon.agents.stdio import serve_stdio  # the MCP SDK takes a second or two to import: here only
 
-    serve_stdio(args.config, args.agent, args.proxy_port)
+    config = load(args)
+    own = OwnAddresses()  # what check_write names as the proxy's own: its listen port, its admin server
+    own.add("127.0.0.1", args.proxy_port, "the proxy")
+    own.add(config.admin.listen_host, config.admin.listen_port, "the receipts admin server")
+    serve_stdio(config, args.agent, own.forbidden)
     return EXIT_OK
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Dialect, Table
 
+from proxy_addon.journal.tables import INVALIDATING_PREDICATE, Approval, Receipt, ReceiptTransition
 from proxy_addon.rules.records import APPROVAL_FIELDS, INTENT_FIELDS, RECEIPT_FIELDS
 from proxy_addon.rules.states import OPEN_STATES, ApprovalState, State
-from proxy_addon.store.tables import INVALIDATING_PREDICATE, Approval, Receipt, ReceiptTransition
 
 _RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
 _TRANSITIONS: Table = ReceiptTransition.__table__  # type: ignore[assignment]

@@ -18,11 +18,11 @@ from typing import Any
 
 from mitmproxy.net import encoding
 
-from proxy_addon.request.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE, REPLAYED_HEADER, Answer
-from proxy_addon.request.sender import SendResult
+from proxy_addon.rules.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE, REPLAYED_HEADER, Answer
 from proxy_addon.rules.fingerprint import BodyIdentity
 from proxy_addon.rules.operations import OperationRule, ProtocolName
 from proxy_addon.rules.records import Verdict
+from proxy_addon.rules.send_result import SendResult
 
 RECEIPT_HEADER_PREFIX = b"x-receipt-"
 
@@ -43,7 +43,7 @@ ADVICE = {
 
 @dataclass(frozen=True)
 class Problem:
-    """One of the proxy's own problem+json answers, read back (request/answers.py writes them)."""
+    """One of the proxy's own problem+json answers, read back (rules/answers.py writes them)."""
 
     kind: str  # the type's last segment: duplicate-open, outcome-unknown, ...
     status: int

@@ -1,23 +1,20 @@
-"""What a journaled write is decided by before anything is recorded, and the answers its decision gives.
+"""What a journaled write is decided by before anything is recorded.
 
 The handler (handler.py) journals a write from its `WriteIntent`; the agent API's `POST /check`
 (agents/check.py) asks the journal what it would decide for the same `WriteIntent`, without recording it, and
-answers with what the handler would have answered. Both build it here, from the same request facts, so that
-what `check` says and what the write then gets cannot drift apart.
+answers with what the handler would have answered (rules/answers.py, rules/duplicates.py). Both build it here,
+from the same request facts, so that what `check` says and what the write then gets cannot drift apart.
 """
 
 from dataclasses import dataclass
 
-from proxy_addon.config import HostPolicy
-from proxy_addon.request import answers
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.facts import RequestFacts
+from proxy_addon.protocols.facts import RequestFacts
 from proxy_addon.rules.account import AccountHasher
 from proxy_addon.rules.approvals import ApprovalAsk, approval_for
 from proxy_addon.rules.intent import build_intent
 from proxy_addon.rules.operations import OperationRule
-from proxy_addon.rules.records import ApprovalRecord, Intent
-from proxy_addon.rules.states import ApprovalState
+from proxy_addon.rules.policy import HostPolicy
+from proxy_addon.rules.records import Intent
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,13 +38,6 @@ def write_intent(
     intent, rule = build_intent(facts, policy, hasher, instance_id, max_stored_body, key, operation_id)
     ask = approval_for(policy.approval, rule.approval if rule is not None else None)
     return WriteIntent(intent, rule, agent_key, ask)
-
-
-def approval_answer(a: ApprovalRecord) -> Answer:
-    """The answer to a write waiting for this approval (pending), or refused by it (denied): nothing forwarded."""
-    if a.state == ApprovalState.DENIED.value:
-        return answers.approval_denied(a.approval_id, a.operation, a.decided_by, a.note)
-    return answers.approval_required(a.approval_id, a.operation, a.asked, f"{a.expires_at:%Y-%m-%dT%H:%M:%SZ}")
 
 
 def header_value(facts: RequestFacts, name: str) -> str | None:

@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 
 import h11
 
-from proxy_addon.request.facts import RequestFacts
-from proxy_addon.request.sender import HOP_BY_HOP
+from proxy_addon.protocols.facts import RequestFacts
+from proxy_addon.request.wire import HOP_BY_HOP
 
 _HOP_BY_HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
 

@@ -26,12 +26,15 @@ from typing import Any
 from sqlalchemy import Connection, Table, select
 
 from proxy_addon import metrics
-from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import ApprovalNeededError, DuplicateIntentError, ReceiptNotFoundError
+from proxy_addon.journal.driver import Cursor
+from proxy_addon.journal.rows import Foreseen, NewReceipt, Step
 from proxy_addon.journal.statements import DriverStatements
-from proxy_addon.journal.writes import Cursor, Foreseen, JournalWrites, NewReceipt, Step
+from proxy_addon.journal.tables import Receipt, ReceiptTransition
+from proxy_addon.journal.writes import JournalWrites
 from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import (
     ANY_AGENT,
     AgentFilter,
@@ -44,7 +47,6 @@ from proxy_addon.rules.records import (
 )
 from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
-from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 receipts: Table = Receipt.__table__  # type: ignore[assignment]
 transitions: Table = ReceiptTransition.__table__  # type: ignore[assignment]

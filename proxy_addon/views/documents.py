@@ -13,10 +13,10 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy_addon.agents.tokens import ANONYMOUS_AGENT
+from proxy_addon.journal.tables import AGENT_NAME_COLUMN
+from proxy_addon.rules.agents import ANONYMOUS_AGENT
 from proxy_addon.rules.records import AgentFilter, ReceiptRecord, TransitionRecord
 from proxy_addon.rules.states import OPEN_STATES, State
-from proxy_addon.store.tables import AGENT_NAME_COLUMN
 from proxy_addon.views.journaled import RequestView, ResponseView, request_view, response_view
 
 _TIME = "UTC, RFC 3339; see docs/architecture.md, Which time is which"

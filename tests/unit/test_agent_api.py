@@ -19,7 +19,7 @@ from proxy_addon.agents.scope import AgentScope
 from proxy_addon.config import AfterSuccess, parse_config
 from proxy_addon.exceptions import BadRequestError, ConfigError, DuplicateIntentError
 from proxy_addon.protocols.base import problem_of
-from proxy_addon.request import answers
+from proxy_addon.rules import answers
 from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.records import Intent, new_operation_id
 

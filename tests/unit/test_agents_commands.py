@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from proxy_addon.agents import config_file
-from proxy_addon.agents.tokens import token_matches
 from proxy_addon.cli import main
 from proxy_addon.config import load_config, parse_config
 from proxy_addon.exceptions import ConfigError
+from proxy_addon.rules.agents import token_matches
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config.yaml"
 HASH = "sha256$" + "0" * 32 + "$" + "1" * 64

@@ -19,14 +19,15 @@ import pytest
 from sqlalchemy import event, insert, text
 from support.store import fp, intent
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
 from proxy_addon.journal.connection import DriverConnection
-from proxy_addon.journal.writes import JournalWrites, NewReceipt, Step
+from proxy_addon.journal.rows import NewReceipt, Step
+from proxy_addon.journal.tables import Receipt, ReceiptTransition
+from proxy_addon.journal.writes import JournalWrites
 from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import utcnow
 from proxy_addon.store import ReceiptStore
-from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 HISTORY = 20_000  # receipts of one account on one target
 ACCOUNT, HOST, PATH = "acct:skewed", "api.example.com", "/doc"

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy_addon.request.sender import UpstreamResponse
+from proxy_addon.rules.records import ApprovalRecord
+from proxy_addon.rules.send_result import UpstreamResponse
+from proxy_addon.rules.states import ApprovalState
 
 PROBLEM_BASE = "urn:agent-receipts:problem:"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -196,6 +198,14 @@ def approval_denied(approval_id: str, operation: str, decided_by: str | None, no
         state="denied",
         note=note,
     )
+
+
+def approval_answer(a: ApprovalRecord) -> Answer:
+    """The answer to a write waiting for this approval (pending), or refused by it (denied): nothing forwarded."""
+    if a.state == ApprovalState.DENIED.value:
+        return approval_denied(a.approval_id, a.operation, a.decided_by, a.note)
+    return approval_required(a.approval_id, a.operation, a.asked, f"{a.expires_at:%Y-%m-%dT%H:%M:%SZ}")
+
 
 
 # -- requests the proxy refuses before journaling them (addons/admission.py) -----------------------------------------
