@@ -146,6 +146,7 @@ def test_what_an_agent_is_shown_is_redacted_as_the_operators_views_and_never_hol
     headers = {"Authorization": f"Bearer {secret}"}
     with env.client("billing") as billing:
         op = billing.post(f"{env.world.base}/api/articles", json=article, headers=headers).headers["x-receipt-id"]
+        settled(env.store, op)  # its verdict committed (it may commit while the answer travels)
         shown = billing.get(f"{API}/receipts/{op}")
         listed = billing.get(f"{API}/receipts")
         checked = billing.post(f"{API}/check", json={"method": "POST", "url": f"{env.world.base}/api/articles",
@@ -227,6 +228,7 @@ def test_the_admin_api_stays_forbidden_and_the_agent_api_settles_nothing(env: En
         admin = billing.get(f"http://127.0.0.1:{env.admin_port}/receipts")
         assert admin.status_code == 403 and problem_type(admin) == "forbidden-destination"
         op = env.write(billing, f"adm-{tag()}").headers["x-receipt-id"]
+        settled(env.store, op)
         resolve = billing.post(f"{API}/receipts/{op}/resolve", json={"state": "succeeded", "note": "mine"})
         assert resolve.status_code in (404, 405)
         assert env.store.receipts.get(op).state == "succeeded"
