@@ -12,8 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy_addon.agents.tokens import ANONYMOUS_AGENT, OTHER_AGENT
 from proxy_addon.exceptions import ReceiptsError
-from proxy_addon.rules.agents import ANONYMOUS_AGENT, OTHER_AGENT
 from proxy_addon.rules.records import JournalStats
 from proxy_addon.rules.states import RefusalReason, State
 

@@ -1,5 +1,5 @@
 """Addon: the agent's own receipts, answered by the proxy itself at a reserved host (`agent_api.host`,
-`receipts.internal` by default): the agent API of proxy_addon/agents/ (REST, its OpenAPI document, MCP at /mcp).
+`receipts.internal` by default): the agent API of proxy_addon/agent_api/ (REST, its OpenAPI document, MCP at /mcp).
 
 Never forwarded, never journaled: `requestheaders` marks the flow (`answered_here`) before any addon of ours
 looks at its head, so that nothing streams it (Passthrough, StreamLargeBodies) nor counts it as a write
@@ -16,7 +16,7 @@ max_body), and `request` answers it. No connection to the reserved host is ever 
 - `server_connect` refuses the connection (and mitmproxy logs one line, "Unable to establish TLS connection with
   server (Connection killed: ...)", then makes the client's TLS anyway). Nothing ever connects to the reserved
   host (tests/e2e/test_agent_api.py, under mitmdump).
-The asking agent is put in the app's scope (agents/scope.py); without configured agents, every agent is the
+The asking agent is put in the app's scope (agent_api/scope.py); without configured agents, every agent is the
 anonymous one. Turned off (`agent_api.enabled: false`), the host is an ordinary one, forwarded like any other.
 """
 
@@ -30,11 +30,11 @@ from mitmproxy import http, tls
 from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 
 from proxy_addon.addons.state import ReceiptsState
-from proxy_addon.agents import bridge
-from proxy_addon.agents.api import MAX_CHECK_BODY, SCOPE_AGENT, SCOPE_GONE, agent_app
+from proxy_addon.agent_api import bridge
+from proxy_addon.agent_api.api import MAX_CHECK_BODY, SCOPE_AGENT, SCOPE_GONE, agent_app
+from proxy_addon.agent_api.receipts import OwnReceipts
+from proxy_addon.agent_api.scope import ANONYMOUS, AgentScope
 from proxy_addon.agents.identity import agent_of
-from proxy_addon.agents.receipts import OwnReceipts
-from proxy_addon.agents.scope import ANONYMOUS, AgentScope
 from proxy_addon.log import get_logger
 from proxy_addon.request import bodylimit
 
@@ -100,7 +100,7 @@ class AgentAPI:
     async def _build(self) -> Any:
         """The app, with a new MCP server whose session manager runs until `done` (it cannot be run twice). The MCP
         SDK takes a second or two to import: on a thread, so that the proxy's start does not wait for it."""
-        mcp = await asyncio.to_thread(importlib.import_module, "proxy_addon.agents.mcp")
+        mcp = await asyncio.to_thread(importlib.import_module, "proxy_addon.agent_api.mcp")
         host = self.host() or ""
         server = mcp.mcp_server(self.receipts, _request_scope)
         endpoint = mcp.http_endpoint(server, host)

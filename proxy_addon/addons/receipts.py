@@ -5,7 +5,7 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
 (request/handler.py). Beside it, each in its module and each its own concern: `AgentAuth` (which agent is
-asking: agents/auth.py), `AgentAPI` (the agent's own receipts, answered by the proxy at its reserved host),
+asking: addons/agent_auth.py), `AgentAPI` (the agent's own receipts, answered by the proxy at its reserved host),
 `Admission` (requests to the proxy itself, bodies over proxy.max_body), `Passthrough` and `StreamLargeBodies`
 (stream what is not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`,
 `InProxyAdmin`. What
@@ -29,11 +29,11 @@ from proxy_addon import tracing
 from proxy_addon.addons import admission
 from proxy_addon.addons.admin import InProxyAdmin
 from proxy_addon.addons.agent_api import AgentAPI, answered_here
+from proxy_addon.addons.agent_auth import AgentAuth
 from proxy_addon.addons.heartbeat import Heartbeat
 from proxy_addon.addons.housekeeping import Housekeeping
 from proxy_addon.addons.passthrough import Passthrough, StreamLargeBodies, mark_passing, recognised, route_of
 from proxy_addon.addons.reconciler import InProxyReconciler
-from proxy_addon.agents.auth import AgentAuth
 from proxy_addon.agents.identity import agent_of
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import check_schema, database_wait, make_engine, resolve_database_url

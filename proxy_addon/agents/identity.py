@@ -1,4 +1,4 @@
-"""Who is asking: the agent a request came from, as proxy authentication established it (agents/auth.py).
+"""Who is asking: the agent a request came from, as proxy authentication established it (addons/agent_auth.py).
 
 An agent names itself the standard way, in its proxy URL (`HTTPS_PROXY=http://billing-agent:TOKEN@host:8080`),
 which every HTTP client and SDK turns into `Proxy-Authorization: Basic ...` (on the CONNECT of an HTTPS
@@ -18,7 +18,7 @@ did it", and decides nothing about what is forwarded.
 
 from mitmproxy import http
 
-from proxy_addon.journal.tables import AGENT_NAME_COLUMN
+from proxy_addon.agents.tokens import AGENT_NAME_MAX
 
 PROXYAUTH_KEY = "proxyauth"  # flow.metadata: (user name, password), as mitmproxy's proxyauth addon sets it
 
@@ -28,4 +28,4 @@ def agent_of(flow: http.HTTPFlow) -> str | None:
     established = flow.metadata.get(PROXYAUTH_KEY)
     if not established or not established[0]:
         return None
-    return str(established[0])[:AGENT_NAME_COLUMN]  # a name from mitmproxy's own proxyauth may be longer
+    return str(established[0])[:AGENT_NAME_MAX]  # a name from mitmproxy's own proxyauth may be longer

@@ -1,16 +1,16 @@
 """The agents: `receipts agents add NAME`, `receipts agents ls`, `receipts agents rm NAME` (config `agents:`).
 
 `add` prints the new token once, and the proxy URL that names the agent; config.yaml keeps only the token's
-salted hash (rules/agents.py), edited in place (agents/config_file.py). `ls` shows names, never hashes.
+salted hash (agents/tokens.py), edited in place (config/agents_file.py). `ls` shows names, never hashes.
 """
 
 import argparse
 from pathlib import Path
 
-from proxy_addon.agents import config_file
+from proxy_addon.agents.tokens import check_name, new_token, token_hash
 from proxy_addon.cli.common import EXIT_OK, Commands, load
+from proxy_addon.config import agents_file as config_file
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.rules.agents import check_name, new_token, token_hash
 from proxy_addon.views.terminal import print_json
 
 

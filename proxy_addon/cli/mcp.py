@@ -1,4 +1,4 @@
-"""`receipts mcp`: the agent's own receipts as an MCP server over stdio (agents/stdio.py), for an agent host on the
+"""`receipts mcp`: the agent's own receipts as an MCP server over stdio (agent_api/stdio.py), for an agent host on the
 proxy's machine that starts its MCP servers from a config file."""
 
 import argparse
@@ -8,7 +8,7 @@ from proxy_addon.cli.common import EXIT_OK, Commands, load
 
 def cmd_mcp(args: argparse.Namespace) -> int:
     from proxy_addon.addons.admission import OwnAddresses
-    from proxy_addon.agents.stdio import serve_stdio  # the MCP SDK takes a second or two to import: here only
+    from proxy_addon.agent_api.stdio import serve_stdio  # the MCP SDK takes a second or two to import: here only
 
     config = load(args)
     own = OwnAddresses()  # what check_write names as the proxy's own: its listen port, its admin server

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from proxy_addon.agents.tokens import ANONYMOUS_AGENT
 from proxy_addon.cli.common import EXIT_OK, Commands, load, open_store
-from proxy_addon.rules.agents import ANONYMOUS_AGENT
 from proxy_addon.rules.records import ANY_AGENT, AgentFilter, ReceiptRecord
 from proxy_addon.rules.states import RESOLUTION_STATES
 from proxy_addon.units import parse_duration

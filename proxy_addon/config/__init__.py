@@ -3,7 +3,7 @@
 Everything is parsed once at load: durations, JSON paths and path templates are compiled here, so that
 the request path never re-reads or re-parses configuration. A module per concern: hosts.py (`defaults:` and
 `hosts:`), sections.py (every other section), receipts_config.py (the whole file, `policy_for`), loading.py
-(reading, validating, anchoring its paths), agents.py (`agents:`). What a host's settings come to is the rules' HostPolicy
+(reading, validating, anchoring its paths). What a host's settings come to is the rules' HostPolicy
 (rules/policy.py). Every public name is importable from here.
 """
 

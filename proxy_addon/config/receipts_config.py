@@ -4,7 +4,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from proxy_addon.config.agents import Agents, check_required
+from proxy_addon.agents.settings import Agents, check_required
 from proxy_addon.config.hosts import Defaults, HostConfig, merge_signing
 from proxy_addon.config.sections import (
     AdminSettings,
@@ -33,7 +33,7 @@ class ReceiptsConfig(StrictModel):
     logging: LoggingSettings = LoggingSettings()
     audit: AuditSettings = AuditSettings()
     retention: RetentionSettings | None = None
-    agents: Agents = Field(default_factory=dict)  # NAME: {token_hash: ...} (config/agents.py)
+    agents: Agents = Field(default_factory=dict)  # NAME: {token_hash: ...} (agents/settings.py)
     secret_file: str = ".receipts-secret"  # relative to the config file's directory (load_config)
 
     @model_validator(mode="before")

@@ -112,7 +112,7 @@ _HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-
 
 
 class AgentAPISettings(StrictModel):
-    """The agent's own receipts, answered by the proxy itself at a reserved host name (proxy_addon/agents/): read
+    """The agent's own receipts, answered by the proxy itself at a reserved host name (proxy_addon/agent_api/): read
     only, never forwarded nor journaled. On unless `enabled: false`; a request to the host then goes upstream."""
 
     enabled: bool = True

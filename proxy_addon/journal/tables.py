@@ -23,6 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from proxy_addon.agents.tokens import AGENT_NAME_MAX
 from proxy_addon.rules.states import (
     INVALIDATING_METHODS,
     NOT_HAPPENED_STATES,
@@ -69,7 +70,6 @@ class Base(DeclarativeBase):
 
 
 HASH_LENGTH = 71  # "sha256:" and 64 hex digits
-AGENT_NAME_COLUMN = 255  # an agent's name as proxy authentication gave it (agents/identity.py bounds it so)
 _STATE_LIST = ", ".join(f"'{s.value}'" for s in State)
 _OPEN_LIST = ", ".join(f"'{s.value}'" for s in sorted(OPEN_STATES))
 OPEN_STATE_PREDICATE = f"state IN ({_OPEN_LIST})"
@@ -134,7 +134,7 @@ class Receipt(Base):
     seq: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
     # the agent that made the write, by its proxy authentication (agents/); null: an anonymous agent. Not part
     # of the intent's identity (account + fingerprint): see agents/identity.py
-    agent: Mapped[str | None] = mapped_column(String(AGENT_NAME_COLUMN))
+    agent: Mapped[str | None] = mapped_column(String(AGENT_NAME_MAX))
 
     __table_args__ = (
         CheckConstraint(f"state IN ({_STATE_LIST})", name="state"),
@@ -252,7 +252,7 @@ class DuplicateRefusal(Base):
     host: Mapped[str] = mapped_column(String(255))
     path: Mapped[str] = mapped_column(Text)
     proxy_instance: Mapped[str | None] = mapped_column(String(64))
-    agent: Mapped[str | None] = mapped_column(String(AGENT_NAME_COLUMN))  # the agent refused; null: anonymous
+    agent: Mapped[str | None] = mapped_column(String(AGENT_NAME_MAX))  # the agent refused; null: anonymous
 
     __table_args__ = (
         CheckConstraint(f"reason IN ({_REASON_LIST})", name="reason"),

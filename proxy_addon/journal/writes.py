@@ -121,7 +121,7 @@ class JournalWrites(ABC):
         """What `record` would do with this write now, writing nothing: the receipt in its way (the blocker
         queries `record` runs), else, for a write that needs approval, the approval it would use, the denial or
         the pending approval it would answer with (the conditions of `record`'s own approval statements), or
-        that it would ask for a new one. The agent API's `POST /check` (agents/check.py)."""
+        that it would ask for a new one. The agent API's `POST /check` (agent_api/check.py)."""
         blocker = self._blocker(decision_params(new.intent, new.successes_block_for))
         if blocker is not None or new.approval is None:
             return Foreseen(blocker)

@@ -1,7 +1,7 @@
 """What a journaled write is decided by before anything is recorded.
 
 The handler (handler.py) journals a write from its `WriteIntent`; the agent API's `POST /check`
-(agents/check.py) asks the journal what it would decide for the same `WriteIntent`, without recording it, and
+(agent_api/check.py) asks the journal what it would decide for the same `WriteIntent`, without recording it, and
 answers with what the handler would have answered (rules/answers.py, rules/duplicates.py). Both build it here,
 from the same request facts, so that what `check` says and what the write then gets cannot drift apart.
 """

@@ -1,6 +1,6 @@
 """A journaled request the upstream protocol would not carry (the contract's 400 `bad-request`): named, never with
 the value, since it may be a secret. Nothing is journaled for it: it could not be sent. The Admission addon
-(addons/admission.py) refuses it before journaling; the agent API's check (agents/check.py) says so beforehand.
+(addons/admission.py) refuses it before journaling; the agent API's check (agent_api/check.py) says so beforehand.
 """
 
 from urllib.parse import urlsplit

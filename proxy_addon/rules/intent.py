@@ -67,7 +67,7 @@ class RequestRead(Protocol):
     def call(self) -> ProtocolCall: ...
 
     @property
-    def agent(self) -> str | None: ...  # who sent it (recorded, never part of its identity); None: anonymous
+    def agent(self) -> str | None: ...  # who sent it, as proxy authentication named it; None: anonymous
 
 
 def operation_name(facts: RequestRead, rule: OperationRule | None) -> str:

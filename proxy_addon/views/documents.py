@@ -13,8 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy_addon.journal.tables import AGENT_NAME_COLUMN
-from proxy_addon.rules.agents import ANONYMOUS_AGENT
+from proxy_addon.agents.tokens import AGENT_NAME_MAX, ANONYMOUS_AGENT
 from proxy_addon.rules.records import AgentFilter, ReceiptRecord, TransitionRecord
 from proxy_addon.rules.states import OPEN_STATES, State
 from proxy_addon.views.journaled import RequestView, ResponseView, request_view, response_view
@@ -186,7 +185,7 @@ def parse_agent_filter(text: str) -> AgentFilter:
     name = text.strip()
     if name == ANONYMOUS_AGENT:
         return None
-    if not name or len(name) > AGENT_NAME_COLUMN or not name.isprintable():
+    if not name or len(name) > AGENT_NAME_MAX or not name.isprintable():
         raise ValueError(f"invalid agent {text[:80]!r} (an agent's name, or {ANONYMOUS_AGENT})")
     return name
 

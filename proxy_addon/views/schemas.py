@@ -1,5 +1,5 @@
 """JSON schemas for an API's OpenAPI document, generated from the view models (pydantic), each once, under the
-names the API's clients know: the admin API's (admin/openapi.py) and the agent API's (agents/openapi.py)."""
+names the API's clients know: the admin API's (admin/openapi.py) and the agent API's (agent_api/openapi.py)."""
 
 from collections.abc import Mapping
 from typing import Any, Literal

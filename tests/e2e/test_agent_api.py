@@ -29,9 +29,9 @@ from support.reconcile import articles_rule, search
 from support.server import accepts, free_port
 from support.world import COMMIT_THEN_HANG, World, start_world
 
+from proxy_addon.agents.tokens import new_token, token_hash
 from proxy_addon.config import load_config
 from proxy_addon.reconcile.worker import Reconciler
-from proxy_addon.rules.agents import new_token, token_hash
 from proxy_addon.store import ReceiptStore
 from proxy_addon.views.documents import dumps, show_document
 from tests.conftest import migrate

@@ -22,9 +22,9 @@ from support.proxy import REPO, RunningProxy, start_inprocess_proxy
 from support.reconcile import articles_rule, search
 from support.world import COMMIT_THEN_HANG, World, start_world
 
+from proxy_addon.agents.tokens import new_token, token_hash
 from proxy_addon.config import load_config
 from proxy_addon.reconcile.worker import Reconciler
-from proxy_addon.rules.agents import new_token, token_hash
 from proxy_addon.store import ReceiptStore
 
 MCP_URL = "http://receipts.internal/mcp"

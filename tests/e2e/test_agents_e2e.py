@@ -38,8 +38,8 @@ from support.proxy import start_inprocess_proxy, start_proxy_process
 from support.server import free_port
 from support.upstream import Upstream, start_upstream
 
+from proxy_addon.agents.tokens import new_token, token_hash
 from proxy_addon.cli import main
-from proxy_addon.rules.agents import new_token, token_hash
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts
 

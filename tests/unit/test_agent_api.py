@@ -12,10 +12,10 @@ import pytest
 from mitmproxy.test import tflow
 from starlette.testclient import TestClient
 
-from proxy_addon.agents import bridge
-from proxy_addon.agents.api import SCOPE_AGENT, agent_app
-from proxy_addon.agents.receipts import OwnReceipts, wait_arg
-from proxy_addon.agents.scope import AgentScope
+from proxy_addon.agent_api import bridge
+from proxy_addon.agent_api.api import SCOPE_AGENT, agent_app
+from proxy_addon.agent_api.receipts import OwnReceipts, wait_arg
+from proxy_addon.agent_api.scope import AgentScope
 from proxy_addon.config import AfterSuccess, parse_config
 from proxy_addon.exceptions import BadRequestError, ConfigError, DuplicateIntentError
 from proxy_addon.protocols.base import problem_of

@@ -12,13 +12,13 @@ from support.e2e import read_until
 from support.handler import post
 
 from proxy_addon import metrics, tracing
-from proxy_addon.agents.auth import AgentAuth
+from proxy_addon.addons.agent_auth import AgentAuth
 from proxy_addon.agents.identity import agent_of
+from proxy_addon.agents.tokens import HASH_PATTERN, check_hash, check_name, new_token, token_hash, token_matches
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.protocols.facts import RequestFacts
 from proxy_addon.request.sender import SendEnd, SendResult
-from proxy_addon.rules.agents import HASH_PATTERN, check_hash, check_name, new_token, token_hash, token_matches
 
 BILLING, SUPPORT = new_token(), new_token()
 

@@ -1,4 +1,4 @@
-"""`receipts agents add | ls | rm`: config.yaml's `agents:` edited in place, every other byte kept (agents/config_file.py,
+"""`receipts agents add | ls | rm`: config.yaml's `agents:` edited in place, every other byte kept (config/agents_file.py,
 cli/agents.py); the token printed once and kept nowhere; a bad name or an edit that would break the config refused
 in one line, the file untouched."""
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from proxy_addon.agents import config_file
+from proxy_addon.agents.tokens import token_matches
 from proxy_addon.cli import main
+from proxy_addon.config import agents_file as config_file
 from proxy_addon.config import load_config, parse_config
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.rules.agents import token_matches
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "config.yaml"
 HASH = "sha256$" + "0" * 32 + "$" + "1" * 64

@@ -10,6 +10,7 @@ import ast
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "proxy_addon"
@@ -23,6 +24,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("proxy_addon", "units", "resources"),  # no import of proxy_addon at all
     ("rules",),  # the pure floor: states, records, intent, fingerprint, redaction, verdicts, answers, host policy
     ("presets",),  # tested rules for known APIs, as config.yaml would write them
+    ("agents",),  # who is asking: agents' names, tokens and their hashes, the name off a flow
     ("exceptions", "log"),
     ("keyfiles", "db", "metrics"),  # key files made on first use; engines; the Prometheus metrics
     ("audit",),  # the hash chain, the signed checkpoints, `receipts verify`
@@ -33,7 +35,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("store",),  # everything else that reads or writes the tables
     ("request", "recovery", "views"),  # one journaled request's path; instance liveness; what people are shown
     ("reconcile",),
-    ("admin", "agents"),  # the admin server; who the agent is, and the agent's own receipts (the agent API)
+    ("admin", "agent_api"),  # the admin server; the agent's own receipts (the agent API)
     ("addons", "agent_env"),  # the mitmproxy addons; `receipts env`'s exports
     ("cli", "addon"),  # the receipts command; the file a plain mitmproxy loads
 )
@@ -55,16 +57,22 @@ class Module:
         return parts[1] if len(parts) > 1 else parts[0]
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+def module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def read_modules() -> dict[str, Module]:
+    return parsed(PACKAGE)
+
+
+@cache
+def parsed(package: Path) -> dict[str, Module]:
+    """Every module of the package, parsed once (the tests share it: none changes it)."""
     modules = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(package.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
-        name = module_name(path)
+        name = module_name(path, package)
         modules[name] = Module(name, path, len(text.splitlines()), ast.parse(text, str(path)))
     for module in modules.values():
         module.imports = set(imported(module, modules)) - {module.name}

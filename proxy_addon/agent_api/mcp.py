@@ -2,7 +2,7 @@
 `wait_for_receipt`, `check_write`, the same reads as the REST API (receipts.py), described for a model.
 
 Served two ways: by the proxy at `http://receipts.internal/mcp` (streamable HTTP, stateless, answers in JSON:
-the proxy hands an answer over whole, agents/bridge.py), for the agent the proxy identifies; and as
+the proxy hands an answer over whole, agent_api/bridge.py), for the agent the proxy identifies; and as
 `receipts mcp --agent NAME` over stdio (stdio.py), for an agent host on the same machine that starts its MCP
 servers from a config file.
 """
@@ -17,9 +17,9 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
-from proxy_addon.agents.check import CheckRequest
-from proxy_addon.agents.receipts import MAX_WAIT, OwnReceipts
-from proxy_addon.agents.scope import AgentScope
+from proxy_addon.agent_api.check import CheckRequest
+from proxy_addon.agent_api.receipts import MAX_WAIT, OwnReceipts
+from proxy_addon.agent_api.scope import AgentScope
 from proxy_addon.exceptions import ReceiptsError
 
 INSTRUCTIONS = (

@@ -1,13 +1,13 @@
 """What an agent is shown of its own receipts: the operator's documents (views/), redacted exactly as they are, with
 what an agent acts on added (is it still open, what happened, what a retry would get, where to ask again), and the
-answer of `POST /check`. The agent API's OpenAPI document is generated from these models (agents/openapi.py).
+answer of `POST /check`. The agent API's OpenAPI document is generated from these models (agent_api/openapi.py).
 """
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy_addon.agents.check import Checked, Decision
+from proxy_addon.agent_api.check import Checked, Decision
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.protocols.base import problem_of
 from proxy_addon.rules.records import ReceiptRecord, TransitionRecord

@@ -5,7 +5,7 @@ or an agent's lines removed, every other byte as it was, comments and layout inc
 writes the whole file again in its own layout, and moves comments that follow an empty key). The result is
 validated as a config before it replaces the file (atomically, with the file's permissions), so an edit never
 leaves a config the proxy would refuse. The token is printed once and kept nowhere: the file holds its salted
-hash (rules/agents.py). A running proxy reads `agents:` when it starts.
+hash (agents/tokens.py). A running proxy reads `agents:` when it starts.
 """
 
 import os

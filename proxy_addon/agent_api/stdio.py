@@ -11,10 +11,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from proxy_addon.agents.check import Forbidden
-from proxy_addon.agents.mcp import mcp_server
-from proxy_addon.agents.receipts import OwnReceipts
-from proxy_addon.agents.scope import AgentScope
+from proxy_addon.agent_api.check import Forbidden
+from proxy_addon.agent_api.mcp import mcp_server
+from proxy_addon.agent_api.receipts import OwnReceipts
+from proxy_addon.agent_api.scope import AgentScope
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.db import check_schema, make_engine, resolve_database_url
 from proxy_addon.exceptions import ConfigError
@@ -26,7 +26,7 @@ from proxy_addon.store import ReceiptStore
 
 @dataclass(frozen=True)
 class LocalSources:
-    """What the MCP server reads, set up from the config (agents/receipts.py, Sources)."""
+    """What the MCP server reads, set up from the config (agent_api/receipts.py, Sources)."""
 
     config: ReceiptsConfig
     store: ReceiptStore

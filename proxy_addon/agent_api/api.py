@@ -18,12 +18,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from proxy_addon.agents import openapi
-from proxy_addon.agents.check import CheckRequest
-from proxy_addon.agents.documents import AgentReceiptView, CheckView
-from proxy_addon.agents.openapi import Endpoint, Param, Reply
-from proxy_addon.agents.receipts import LIST_LIMIT, MAX_LIST_LIMIT, MAX_WAIT, OwnReceipts
-from proxy_addon.agents.scope import ANONYMOUS, AgentScope
+from proxy_addon.agent_api import openapi
+from proxy_addon.agent_api.check import CheckRequest
+from proxy_addon.agent_api.documents import AgentReceiptView, CheckView
+from proxy_addon.agent_api.openapi import Endpoint, Param, Reply
+from proxy_addon.agent_api.receipts import LIST_LIMIT, MAX_LIST_LIMIT, MAX_WAIT, OwnReceipts
+from proxy_addon.agent_api.scope import ANONYMOUS, AgentScope
 from proxy_addon.exceptions import BadRequestError, ReceiptNotFoundError, ReceiptsError
 from proxy_addon.rules.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
 from proxy_addon.views.documents import ReceiptView, dumps

@@ -14,27 +14,27 @@ mitmproxy's ProxyAuth addon, with a Validator for the configured agents and thes
 - Always `Proxy-Authorization`, whatever the proxy's mode: in reverse mode mitmproxy's addon would take
   `Authorization`, which is the upstream's credential.
 Checked once per client connection for HTTPS (the CONNECT; its tunnel's requests inherit it, as in mitmproxy's
-addon), per request for plain HTTP, where each request carries the header: one SHA-256 (rules/agents.py).
+addon), per request for plain HTTP, where each request carries the header: one SHA-256 (agents/tokens.py).
 
 `agents:` is read when the config is (at start, or when the proxy's options change it): a connection still
 open under an agent no longer configured loses that identity.
 """
 
 from collections.abc import Mapping
-from typing import Protocol
 
 from mitmproxy import http
 from mitmproxy.addons.proxyauth import ProxyAuth, Validator, parse_http_basic_auth
 from mitmproxy.proxy.layers import modes
 
 from proxy_addon import metrics
+from proxy_addon.addons.state import ReceiptsState
 from proxy_addon.agents.identity import PROXYAUTH_KEY
+from proxy_addon.agents.settings import AgentEntry
+from proxy_addon.agents.tokens import NO_AGENT_HASH, token_matches
 from proxy_addon.config import ReceiptsConfig
-from proxy_addon.config.agents import AgentEntry
 from proxy_addon.log import get_logger
 from proxy_addon.request import bodylimit
 from proxy_addon.rules import answers
-from proxy_addon.rules.agents import NO_AGENT_HASH, token_matches
 
 log = get_logger("receipts.proxy")
 
@@ -55,20 +55,12 @@ class AgentValidator(Validator):
         return matched and stored is not None
 
 
-class Configured(Protocol):
-    """What AgentAuth reads of the Receipts addon: its config (None until set up). A protocol of its own: this floor
-    does not import addons/ (its ReceiptsState is the whole of it)."""
-
-    @property
-    def config(self) -> ReceiptsConfig | None: ...
-
-
 class AgentAuth(ProxyAuth):
     """Addon: establishes the asking agent (agents/identity.py, `agent_of`), or answers 407."""
 
     validator: AgentValidator | None = None
 
-    def __init__(self, journal: Configured):
+    def __init__(self, journal: ReceiptsState):
         super().__init__()
         self.journal = journal
         self.required = False

@@ -4,12 +4,12 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from proxy_addon.rules.agents import check_hash, check_name
+from proxy_addon.agents.tokens import check_hash, check_name
 from proxy_addon.units import StrictModel
 
 
 class AgentEntry(StrictModel):
-    """One agent: the salted hash of its token (rules/agents.py), never the token."""
+    """One agent: the salted hash of its token (agents/tokens.py), never the token."""
 
     token_hash: Annotated[str, AfterValidator(check_hash)]
 

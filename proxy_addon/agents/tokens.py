@@ -13,6 +13,7 @@ import hmac
 import re
 import secrets
 
+AGENT_NAME_MAX = 255  # an agent's name, as proxy authentication gave it and its column holds
 TOKEN_BYTES = 32
 SALT_BYTES = 16
 HASH_SCHEME = "sha256"

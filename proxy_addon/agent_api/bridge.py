@@ -1,4 +1,4 @@
-"""An ASGI application answering a mitmproxy flow from inside the proxy: the agent API (agents/api.py).
+"""An ASGI application answering a mitmproxy flow from inside the proxy: the agent API (agent_api/api.py).
 
 mitmproxy's own `mitmproxy.addons.asgiapp.serve` does this too; this one differs where the agent API needs it:
 - the query string is passed as the client sent it (mitmproxy's decodes it first, so an `operation=` holding a

@@ -13,9 +13,9 @@ from concurrent.futures import Executor
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from proxy_addon.agents import check, documents
-from proxy_addon.agents.check import CheckContext, CheckRequest, Forbidden
-from proxy_addon.agents.scope import AgentScope
+from proxy_addon.agent_api import check, documents
+from proxy_addon.agent_api.check import CheckContext, CheckRequest, Forbidden
+from proxy_addon.agent_api.scope import AgentScope
 from proxy_addon.config import HostPolicy, ReceiptsConfig
 from proxy_addon.exceptions import BadRequestError, JournalUnavailableError, ReceiptNotFoundError
 from proxy_addon.journal.writes import Foreseen
