@@ -5,9 +5,10 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
 (request/handler.py). Beside it, each in its module and each its own concern: `AgentAuth` (which agent is
-asking: addons/agent_auth.py), `Admission`
-(requests to the proxy itself, bodies over proxy.max_body), `Passthrough` and `StreamLargeBodies` (stream what is
-not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`, `InProxyAdmin`. What
+asking: addons/agent_auth.py), `AgentAPI` (the agent's own receipts, answered by the proxy at its reserved host),
+`Admission` (requests to the proxy itself, bodies over proxy.max_body), `Passthrough` and `StreamLargeBodies`
+(stream what is not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`,
+`InProxyAdmin`. What
 they share of this addon's state is the `ReceiptsState` protocol (state.py).
 """
 
@@ -27,6 +28,7 @@ from mitmproxy.connection import ConnectionState
 from proxy_addon import tracing
 from proxy_addon.addons import admission
 from proxy_addon.addons.admin import InProxyAdmin
+from proxy_addon.addons.agent_api import AgentAPI, answered_here
 from proxy_addon.addons.agent_auth import AgentAuth
 from proxy_addon.addons.heartbeat import Heartbeat
 from proxy_addon.addons.housekeeping import Housekeeping
@@ -183,7 +185,12 @@ class Receipts:
     def journals(self, flow: http.HTTPFlow) -> bool:
         """Whether this request may be journaled, from its head (method, host, rule: protocols/routing.py); its
         protocol may still find it a read once its body is in. Else it passes through, streamed."""
-        return self.handler is not None and self.config is not None and route_of(self.config, flow).journal
+        return (
+            self.handler is not None
+            and self.config is not None
+            and not answered_here(flow)  # the agent API's: answered by the proxy itself
+            and route_of(self.config, flow).journal
+        )
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live or not self.journals(flow):
@@ -274,10 +281,12 @@ def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
     admin = InProxyAdmin(journal)
+    admits = admission.Admission(journal, admin, to_response)
     return [
         journal,
         AgentAuth(journal),  # before every other hook of ours: a request refused 407 is neither journaled nor forwarded
-        admission.Admission(journal, admin, to_response),  # before Passthrough: what it refuses is never streamed
+        AgentAPI(journal, admits.forbidden),  # before Admission and Passthrough: what it answers is none of theirs
+        admits,  # before Passthrough: what it refuses is never streamed
         Passthrough(journal),
         StreamLargeBodies(journal),
         Heartbeat(journal),

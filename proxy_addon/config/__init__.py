@@ -19,9 +19,11 @@ from proxy_addon.config.hosts import (
 from proxy_addon.config.loading import admin_settings, anchor_paths, describe_validation_error, load_config, parse_config
 from proxy_addon.config.receipts_config import ReceiptsConfig
 from proxy_addon.config.sections import (
+    AGENT_API_HOST,
     MIN_ADMIN_TOKEN_LENGTH,
     RENAMED_PROXY_KEYS,
     AdminSettings,
+    AgentAPISettings,
     AuditSettings,
     DatabaseSettings,
     LoggingSettings,
@@ -32,12 +34,14 @@ from proxy_addon.config.sections import (
 from proxy_addon.rules.policy import AfterSuccess, HostPolicy, InFlight, UpstreamConnections
 
 __all__ = [
+    "AGENT_API_HOST",
     "BUILTIN_SECRET_HEADERS",
     "DEFAULT_REDACT_FIELDS",
     "MIN_ADMIN_TOKEN_LENGTH",
     "RENAMED_PROXY_KEYS",
     "AdminSettings",
     "AfterSuccess",
+    "AgentAPISettings",
     "AuditSettings",
     "DatabaseSettings",
     "Defaults",

@@ -8,6 +8,7 @@ from proxy_addon.agents.settings import Agents, check_required
 from proxy_addon.config.hosts import Defaults, HostConfig, merge_signing
 from proxy_addon.config.sections import (
     AdminSettings,
+    AgentAPISettings,
     AuditSettings,
     DatabaseSettings,
     LoggingSettings,
@@ -28,6 +29,7 @@ class ReceiptsConfig(StrictModel):
     proxy: ProxySettings = ProxySettings()
     reconcile: ReconcileSettings = ReconcileSettings()
     admin: AdminSettings = AdminSettings()
+    agent_api: AgentAPISettings = AgentAPISettings()
     logging: LoggingSettings = LoggingSettings()
     audit: AuditSettings = AuditSettings()
     retention: RetentionSettings | None = None

@@ -1,7 +1,9 @@
-"""config.yaml's sections other than the hosts: database, proxy, reconcile, admin, logging, audit, retention."""
+"""config.yaml's sections other than the hosts and the agents: database, proxy, reconcile, admin, agent_api,
+logging, audit, retention."""
 
 import ipaddress
 import os
+import re
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -103,6 +105,30 @@ class AdminSettings(StrictModel):
                 f"use at least {MIN_ADMIN_TOKEN_LENGTH}, e.g. $(openssl rand -hex 16)"
             )
         return self
+
+
+AGENT_API_HOST = "receipts.internal"
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+
+
+class AgentAPISettings(StrictModel):
+    """The agent's own receipts, answered by the proxy itself at a reserved host name (proxy_addon/agent_api/): read
+    only, never forwarded nor journaled. On unless `enabled: false`; a request to the host then goes upstream."""
+
+    enabled: bool = True
+    host: str = AGENT_API_HOST
+
+    @field_validator("host")
+    @classmethod
+    def _host_name(cls, host: str) -> str:
+        name = host.strip().lower().rstrip(".")
+        if not _HOST_NAME.match(name):
+            raise ValueError(f"{host!r} is not a host name (letters, digits, dots and dashes; no scheme or port)")
+        return name
+
+    def receipt_url(self, operation_id: str) -> str | None:
+        """Where the agent asks for this receipt (every problem+json naming a receipt gives it); None when off."""
+        return f"http://{self.host}/receipts/{operation_id}" if self.enabled else None
 
 
 class LoggingSettings(StrictModel):

@@ -10,7 +10,7 @@ from typing import Any
 from proxy_addon.audit.chain import Identity, chained, genesis, row_hash
 from proxy_addon.exceptions import IllegalTransitionError
 from proxy_addon.rules.approvals import ApprovalAsk
-from proxy_addon.rules.records import INTENT_FIELDS, Intent, utcnow
+from proxy_addon.rules.records import INTENT_FIELDS, ApprovalRecord, Blocker, Intent, utcnow
 from proxy_addon.rules.states import TERMINAL_STATES, State, is_allowed
 
 # what `advance` may change besides the state (everything else is fixed once the receipt is recorded)
@@ -83,6 +83,17 @@ class Step:
             raise ValueError(f"transition cannot set {', '.join(sorted(unknown))}")
         object.__setattr__(self, "expected_from", expected_from.value)  # plain strings for the drivers
         object.__setattr__(self, "to", to.value)
+
+
+@dataclass(frozen=True, slots=True)
+class Foreseen:
+    """What `record` would do with a write now (writes.py, `foresee`): be refused by, or replay, `blocker`; for a
+    write that needs approval, use `approval` (approved) or answer with it (pending, denied), or ask for a new one
+    (`asks_approval`); with none of these, record it and send it."""
+
+    blocker: Blocker | None = None
+    approval: ApprovalRecord | None = None
+    asks_approval: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ from proxy_addon.audit.chain import Identity, genesis
 from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal import statements as sql
 from proxy_addon.journal.driver import Connection, Cursor, Sent
-from proxy_addon.journal.rows import Head, NewReceipt, Step, decision_params, new_rows, step_params
+from proxy_addon.journal.rows import Foreseen, Head, NewReceipt, Step, decision_params, new_rows, step_params
 from proxy_addon.journal.statements import DriverStatements
 from proxy_addon.rules.records import (
     ApprovalRecord,
@@ -116,6 +116,21 @@ class JournalWrites(ABC):
         success within `successes_block_for` that no later write to its target has invalidated (an open one
         wins). At most two indexed queries."""
         return self._blocker(decision_params(intent, successes_block_for))
+
+    def foresee(self, new: NewReceipt) -> Foreseen:
+        """What `record` would do with this write now, writing nothing: the receipt in its way (the blocker
+        queries `record` runs), else, for a write that needs approval, the approval it would use, the denial or
+        the pending approval it would answer with (the conditions of `record`'s own approval statements), or
+        that it would ask for a new one. The agent API's `POST /check` (agent_api/check.py)."""
+        blocker = self._blocker(decision_params(new.intent, new.successes_block_for))
+        if blocker is not None or new.approval is None:
+            return Foreseen(blocker)
+        intent = {"account": new.intent.account, "fingerprint": new.intent.intent_fingerprint, "now": new.at or utcnow()}
+        for statement in (sql.USABLE_APPROVAL, sql.DENIAL, sql.PENDING_APPROVAL):  # `_record_approved`'s order
+            row = self._execute(statement, intent).fetchone()
+            if row is not None:
+                return Foreseen(approval=ApprovalRecord(**self.sql.approval(tuple(row))))
+        return Foreseen(asks_approval=True)
 
     def pipelined(self, writes: Sequence[NewReceipt | Step]) -> list[Sent | None]:
         """The first statement of each write sent ahead, for `record` and `advance` to read (None: not sent)."""

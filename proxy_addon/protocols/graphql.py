@@ -12,7 +12,7 @@ journaled as a plain body (REST). A batch (a JSON array of operations) passes wh
 journaled as a plain body otherwise.
 
 The proxy's own problems are GraphQL errors: the contract's status with
-`{"errors": [{"message", "extensions": {"code", "operation_id", "state"}}]}`. Replays are the stored answer.
+`{"errors": [{"message", "extensions": {"code", "operation_id", "state", "receipt_url"}}]}`. Replays are the stored answer.
 A 2xx answer with `errors` and no data (`data` absent: refused before execution, as the GraphQL spec has it;
 null, or every mutation field null: the mutation's resolver failed) is `rejected`: the server says the
 mutation did not happen, and a retry goes upstream. With data, it is `succeeded`.
@@ -95,7 +95,8 @@ class GraphQLCall(Call):
         problem = problem_of(answer)
         if problem is None:
             return answer
-        extensions = {"code": problem.kind, "operation_id": problem.operation_id, "state": problem.state, "approval_id": problem.approval_id}
+        extensions = {"code": problem.kind, "operation_id": problem.operation_id, "state": problem.state, "approval_id": problem.approval_id,
+                      "receipt_url": problem.receipt_url}
         error = {"message": problem.sentence(), "extensions": {k: v for k, v in extensions.items() if v is not None}}
         content_type = RESPONSE_CONTENT_TYPE if self.graphql_response else "application/json"
         body = json.dumps({"errors": [error]}).encode()

@@ -143,7 +143,8 @@ class RpcCall(Call):
                 "code": SERVER_ERROR,
                 "message": problem.sentence(),
                 "data": {"type": problem.kind, "operation_id": problem.operation_id, "state": problem.state}
-                | ({"approval_id": problem.approval_id} if problem.approval_id else {}),
+                | ({"approval_id": problem.approval_id} if problem.approval_id else {})
+                | ({"receipt_url": problem.receipt_url} if problem.receipt_url else {}),
             }
             return self._reply({"error": error}, answer)
         if is_replay(answer):

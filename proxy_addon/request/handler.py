@@ -39,6 +39,7 @@ from proxy_addon.journal.client import JournalClient
 from proxy_addon.log import get_logger
 from proxy_addon.protocols.facts import RequestFacts
 from proxy_addon.request.handled import Handled
+from proxy_addon.request.intake import WriteIntent, write_intent
 from proxy_addon.request.recording import VerdictRecorder
 from proxy_addon.request.refusals import Refusals, awaiting_approval
 from proxy_addon.request.sender import Sender, Timeouts
@@ -47,8 +48,6 @@ from proxy_addon.request.waiters import VerdictWaiters
 from proxy_addon.rules import answers, duplicates
 from proxy_addon.rules.account import AccountHasher
 from proxy_addon.rules.answers import Answer
-from proxy_addon.rules.approvals import approval_for
-from proxy_addon.rules.intent import build_intent
 from proxy_addon.rules.operations import OperationRule
 from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import Intent, Verdict, new_operation_id
@@ -116,14 +115,17 @@ class WriteHandler:
         finally:
             if operation_id not in self.verdicts.recording:
                 self._settled(operation_id)
-        # the answers the proxy makes, in the request's own protocol (protocols/: MCP, GraphQL, JSON-RPC)
-        return outcome if outcome.answer is None else replace(outcome, answer=facts.call.answer(outcome.answer))
+        if outcome.answer is None:
+            return outcome
+        # the answers the proxy makes name where to ask for their receipt later, and come in the request's own
+        # protocol (protocols/: MCP, GraphQL, JSON-RPC)
+        answer = answers.with_receipt_url(outcome.answer, self.config.agent_api.receipt_url)
+        return replace(outcome, answer=facts.call.answer(answer))
 
     async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Handled:
-        agent_key = _header(facts, policy.idempotency_key_header)
         started = time.perf_counter()
-        intent, rule = await self._intent(facts, policy, agent_key, operation_id)
-        ask = approval_for(policy.approval, rule.approval if rule is not None else None)  # None: no approval rule
+        written = await self._intent(facts, policy, operation_id)
+        intent, rule, agent_key, ask = written.intent, written.rule, written.agent_key, written.approval
         if tracing.enabled:
             tracing.name_write(facts, intent.operation)
         waited = False
@@ -239,15 +241,13 @@ class WriteHandler:
 
     # -- 1. journal ---------------------------------------------------------------------------------------------
 
-    async def _intent(
-        self, facts: RequestFacts, policy: HostPolicy, agent_key: str | None, operation_id: str
-    ) -> tuple[Intent, OperationRule | None]:
-        """Fingerprint, account and redacted copy: on the event loop for a small body, else on a journal thread."""
-        key = agent_key if agent_key is not None else (operation_id if policy.inject_idempotency_key else None)
-        args = (facts, policy, self.hasher, self.instance_id, self.config.proxy.max_stored_body, key, operation_id)
+    async def _intent(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> WriteIntent:
+        """Fingerprint, account and redacted copy (intake.py): on the event loop for a small body, else on a journal
+        thread."""
+        args = (facts, policy, self.hasher, self.instance_id, self.config.proxy.max_stored_body, operation_id)
         if len(facts.body) <= INLINE_INTENT_BODY:
-            return build_intent(*args)
-        return await self._on_journal_thread(build_intent, *args)
+            return write_intent(*args)
+        return await self._on_journal_thread(write_intent, *args)
 
 
     # -- 3. the verdict -----------------------------------------------------------------------------------------
@@ -292,9 +292,3 @@ def _answer(intent: Intent, result: SendResult, verdict: Verdict) -> Answer:
         return answers.not_sent(intent.operation_id, f"Could not connect to the upstream ({verdict.error_message})")
     return answers.from_upstream(result.answer)
 
-
-def _header(facts: RequestFacts, name: str) -> str | None:
-    """The header's value, several joined with ", " (as mitmproxy's Headers give it)."""
-    wanted = name.lower()
-    values = [v for k, v in facts.headers if k.lower() == wanted]
-    return ", ".join(values) if values else None

@@ -10,7 +10,6 @@ from proxy_addon.protocols.facts import RequestFacts
 from proxy_addon.request.handled import Handled
 from proxy_addon.rules import answers, duplicates
 from proxy_addon.rules.policy import HostPolicy
-from proxy_addon.rules.states import ApprovalState
 from proxy_addon.store import ReceiptStore
 
 log = get_logger("receipts.proxy")
@@ -66,8 +65,4 @@ def awaiting_approval(e: ApprovalNeededError) -> Handled:
     a = e.approval
     log.info("request_awaiting_approval", approval_id=a.approval_id, state=a.state, asked=a.asked, operation=a.operation)
     metrics.approval_awaited(a.state)
-    if a.state == ApprovalState.DENIED.value:
-        answer = answers.approval_denied(a.approval_id, a.operation, a.decided_by, a.note)
-    else:
-        answer = answers.approval_required(a.approval_id, a.operation, a.asked, f"{a.expires_at:%Y-%m-%dT%H:%M:%SZ}")
-    return Handled(answer, {"approval_id": a.approval_id, "refused": "approval_" + a.state})
+    return Handled(answers.approval_answer(a), {"approval_id": a.approval_id, "refused": "approval_" + a.state})

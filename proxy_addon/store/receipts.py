@@ -20,7 +20,7 @@ The write a newcomer looks for, top to bottom in this file:
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Table, select
@@ -28,7 +28,7 @@ from sqlalchemy import Connection, Table, select
 from proxy_addon import metrics
 from proxy_addon.exceptions import ApprovalNeededError, DuplicateIntentError, ReceiptNotFoundError
 from proxy_addon.journal.driver import Cursor
-from proxy_addon.journal.rows import NewReceipt, Step
+from proxy_addon.journal.rows import Foreseen, NewReceipt, Step
 from proxy_addon.journal.statements import DriverStatements
 from proxy_addon.journal.tables import Receipt, ReceiptTransition
 from proxy_addon.journal.writes import JournalWrites
@@ -131,6 +131,13 @@ class StoredReceipts:
         with self.db.storage_errors(), self.db.reading() as conn:
             return self.writes(conn).blocker(again, successes_block_for(after_success))
 
+    def foresee(self, intent: Intent, after_success: AfterSuccess, approval: ApprovalAsk | None = None) -> Foreseen:
+        """What `record_and_submit` would decide for this intent now, in a read-only transaction: nothing is
+        recorded and no approval is asked for (writes.py, `foresee`)."""
+        new = NewReceipt(intent, successes_block_for(after_success), intent.proxy_instance, at=utcnow(), approval=approval)
+        with self.db.storage_errors(), self.db.reading() as conn:
+            return self.writes(conn).foresee(new)
+
     # -- reads ------------------------------------------------------------------------------------------------
 
     def states(self, operation_ids: Sequence[str]) -> dict[str, str]:
@@ -159,13 +166,17 @@ class StoredReceipts:
         limit: int | None = 100,
         port: int | None = None,
         after: str | None = None,
+        operation: str | None = None,
+        since: datetime | None = None,
         agent: AgentFilter = ANY_AGENT,
     ) -> list[ReceiptRecord]:
         """Newest first (journal order); `host` with `port` (when given) is the target as `receipts ls --host
         host:port` names it. `after` pages by key: the receipts journaled before that one (ReceiptNotFoundError
         when there is none), so a page costs its own rows however deep it is, where an OFFSET reads every row
         before it. `agent`: everyone's (ANY_AGENT), one agent's (its name), or the anonymous ones' (None)
-        (rules/records.py, AgentFilter); ix_receipts_agent_seq serves the last two."""
+        (rules/records.py, AgentFilter); ix_receipts_agent_seq serves the last two. `operation` and `since`
+        (created at or after) have no index of their own: they narrow what the index read from the cursor on
+        gives, row by row."""
         q = select(receipts).order_by(receipts.c.seq.desc())
         if after is not None:
             q = q.where(receipts.c.seq < self._seq_of(after))
@@ -181,6 +192,10 @@ class StoredReceipts:
             q = q.where(receipts.c.port == port)
         if older_than is not None:
             q = q.where(receipts.c.created_at <= utcnow() - older_than)
+        if operation is not None:
+            q = q.where(receipts.c.operation == operation)
+        if since is not None:
+            q = q.where(receipts.c.created_at >= since)
         if limit is not None:
             q = q.limit(limit)
         with self.db.storage_errors(), self.db.reading() as conn:

@@ -204,7 +204,7 @@ def test_a_bug_in_the_handler_fails_closed_too(journal, monkeypatch):
     def broken(*_a: Any, **_kw: Any) -> None:
         raise KeyError("a bug")
 
-    monkeypatch.setattr("proxy_addon.request.handler.build_intent", broken)
+    monkeypatch.setattr("proxy_addon.request.handler.write_intent", broken)
     flow = run(post())
     assert flow.response.status_code == 503 and "internal error: KeyError" in json.loads(flow.response.content)["detail"]
     assert sender.sent == []

@@ -35,7 +35,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("store",),  # everything else that reads or writes the tables
     ("request", "recovery", "views"),  # one journaled request's path; instance liveness; what people are shown
     ("reconcile",),
-    ("admin",),
+    ("admin", "agent_api"),  # the admin server; the agent's own receipts (the agent API)
     ("addons", "agent_env"),  # the mitmproxy addons; `receipts env`'s exports
     ("cli", "addon"),  # the receipts command; the file a plain mitmproxy loads
 )
