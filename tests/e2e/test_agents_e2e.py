@@ -32,6 +32,7 @@ from support.e2e import (
     settled,
     stop_process,
     tag,
+    wait_for,
 )
 from support.otlp_receiver import OtlpReceiver
 from support.proxy import start_inprocess_proxy, start_proxy_process
@@ -91,7 +92,10 @@ def env(tmp_path_factory) -> Iterator[Env]:
     environment = {**{k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}, **otel}
     log = tmp / "proxy.log"
     proc, port = start_proxy_process(config, database_url, tmp / "confdir", log, env=environment, args=("--ssl-insecure",))
+    ca = tmp / "confdir" / CA
     try:
+        # the CA file as a whole: seen missing once by the first test although the port accepted
+        assert wait_for(lambda: ca.exists() and b"END CERTIFICATE" in ca.read_bytes(), 30), f"no {ca}"
         with open_store(database_url) as store:
             yield Env(
                 port, {"http": plain, "https": tls},
