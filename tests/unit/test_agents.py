@@ -111,6 +111,8 @@ def test_a_configured_agent_is_known_by_its_name_and_its_token_goes_nowhere():
 @pytest.mark.parametrize(
     "credentials",
     [basic("billing", SUPPORT), basic("nobody", BILLING), basic("billing", ""), "Bearer " + BILLING, "Basic !!!"],
+    # the tokens are new in each process: ids the same in every pytest-xdist worker
+    ids=["another-agents-token", "unknown-name", "empty-token", "bearer", "not-base64"],
 )
 @pytest.mark.parametrize("required", [True, False])
 def test_wrong_credentials_get_407_whether_or_not_an_agent_is_required(credentials, required):
