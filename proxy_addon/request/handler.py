@@ -123,6 +123,8 @@ class WriteHandler:
         finally:
             if operation_id not in self.verdicts.recording:
                 self._settled(operation_id)
+        if outcome.note.get("operation_id") == operation_id:  # answered with a receipt of its own
+            metrics.write_answered(facts.host, outcome.note["state"])
         # the answers the proxy makes, in the request's own protocol (protocols/: MCP, GraphQL, JSON-RPC)
         return outcome if outcome.answer is None else replace(outcome, answer=facts.call.answer(outcome.answer))
 
@@ -335,6 +337,7 @@ class WriteHandler:
             log.error("refusal_not_recorded", reason=reason, operation_id=e.operation_id, error=str(exc))
 
     def _journal_down(self, e: JournalUnavailableError, facts: RequestFacts) -> Handled:
+        metrics.journal_unavailable(forwarded=self.config.proxy.fail_open)
         if self.config.proxy.fail_open:
             log.error(
                 "journal_unavailable_forwarding_without_receipt",

@@ -10,7 +10,7 @@ from proxy_addon.admin.views import list_filters, status_of
 from proxy_addon.exceptions import InvalidResolutionError, NotResolvableError, StaleStateError
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import RESOLUTION_STATES, RESOLVABLE_STATES, State
-from proxy_addon.views import documents, journaled, review, rule_health
+from proxy_addon.views import documents, glance, journaled, review, rule_health
 
 routes = Routes()
 FORM_FIELDS = ("state", "note", "external_id", "who")
@@ -25,9 +25,9 @@ def index() -> str:
         "index.html",
         rows=rows,
         now=utcnow(),
-        stats=store.retention.stats(),
+        head=glance.header(store.retention.stats()),
+        chart=glance.chart(store.overview.recent_writes()),
         limit=limit,
-        open_states=[s.value for s in documents.STATE_GROUPS["open"]],
         selected=request.args.get("state", "open"),
         host=request.args.get("host", ""),
         host_filter=host,
