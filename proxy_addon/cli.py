@@ -154,7 +154,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     store = _store(args)
     states = expand_states([args.state]) if args.state else None
     older = timedelta(seconds=parse_duration(args.older_than)) if args.older_than else None
-    rows = store.receipts.list(states=states, older_than=older, limit=args.limit, **host_query(args.host))
+    rows = store.receipts.list(states=states, older_than=older, limit=args.limit, after=args.after, **host_query(args.host))
     if args.json:
         print_json([receipt_document(r) for r in rows])
         return EXIT_OK
@@ -167,6 +167,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         list(LIST_COLUMNS),
         [[_LIST_SHOWN.get(field, lambda r, f=field: getattr(r, f))(r) for field in LIST_COLUMNS.values()] for r in rows],
     )
+    if len(rows) == args.limit:
+        print(f"older: --after {rows[-1].operation_id}")
     return EXIT_OK
 
 
@@ -486,6 +488,7 @@ def _add_receipt_commands(command: Callable[..., Any]) -> None:
     p.add_argument("--host", type=_host_arg, help="a host, or host:port ([::1]:8080 for IPv6)")
     p.add_argument("--older-than", type=_duration_arg, help="only receipts created longer ago than this (e.g. 10m)")
     p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--after", metavar="ID", help="the next page: the receipts journaled before receipt ID")
     p.add_argument("--json", action="store_true")
 
     p = command("show", cmd_show, "one receipt: the request as journaled, the stored answer, the reconciler's reads, its history")

@@ -20,6 +20,7 @@ from proxy_addon.exceptions import (
 )
 from proxy_addon.request.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
 from proxy_addon.rules.records import ReceiptRecord
+from proxy_addon.store import ReceiptStore
 from proxy_addon.units import parse_duration
 from proxy_addon.views import documents, journaled
 
@@ -125,6 +126,20 @@ def list_filters(default_state: str | None) -> tuple[list[str] | None, documents
     args = request.args
     states, older_than, limit = states_arg(args, default_state), older_than_arg(args), limit_arg(args)
     return states, host_arg(args), older_than, limit
+
+
+def list_page(store: ReceiptStore, default_state: str | None) -> tuple[list[ReceiptRecord], str | None]:
+    """One page of the list the query asks for (its filters and `after`, the last receipt of the page before),
+    and the `after` of the next page (None on the last)."""
+    states, host, older_than, limit = list_filters(default_state)
+    after = request.args.get("after") or None
+    try:
+        rows = store.receipts.list(
+            states=states, older_than=older_than, limit=limit, after=after, **documents.host_query(host)
+        )
+    except ReceiptNotFoundError:
+        raise BadRequestError(f"after: no receipt {after}") from None
+    return rows, (rows[-1].operation_id if len(rows) == limit else None)
 
 
 def age_filter(since: datetime | None, now: datetime | None = None) -> str:

@@ -114,7 +114,7 @@ class VerdictRecorder:
 
 def verdict_written(verdict: Verdict, error: ReceiptsError | None, seconds: float, answer_first: bool) -> str:
     """Log how writing the verdict ended (`error`: it could not be), and how long after its hand-over (`commit_ms`,
-    `answered`: `before` the commit or `after` it: bench/verdict_lag.py reads them); the state that holds."""
+    `answered`: `before` the commit or `after` it: bench/loopback/verdict_lag.py reads them); the state that holds."""
     if isinstance(error, StaleStateError):
         # moved on by someone else first (a person's resolve after a recovery): theirs stands
         log.warning("verdict_not_recorded", state=verdict.state.value, found=error.actual, error=str(error))

@@ -147,9 +147,15 @@ class StoredReceipts:
         older_than: timedelta | None = None,
         limit: int | None = 100,
         port: int | None = None,
+        after: str | None = None,
     ) -> list[ReceiptRecord]:
-        """Newest first; `host` with `port` (when given) is the target as `receipts ls --host host:port` names it."""
-        q = select(receipts).order_by(receipts.c.created_at.desc(), receipts.c.operation_id.desc())
+        """Newest first (journal order); `host` with `port` (when given) is the target as `receipts ls --host
+        host:port` names it. `after` pages by key: the receipts journaled before that one (ReceiptNotFoundError
+        when there is none), so a page costs its own rows however deep it is, where an OFFSET reads every row
+        before it."""
+        q = select(receipts).order_by(receipts.c.seq.desc())
+        if after is not None:
+            q = q.where(receipts.c.seq < self._seq_of(after))
         if states:
             q = q.where(receipts.c.state.in_([State(s).value for s in states]))
         if host:
@@ -162,6 +168,13 @@ class StoredReceipts:
             q = q.limit(limit)
         with self.db.storage_errors(), self.db.reading() as conn:
             return [ReceiptRecord.from_row(r) for r in conn.execute(q)]
+
+    def _seq_of(self, operation_id: str) -> int:
+        with self.db.storage_errors(), self.db.reading() as conn:
+            seq = conn.execute(select(receipts.c.seq).where(receipts.c.operation_id == operation_id)).scalar()
+        if seq is None:
+            raise ReceiptNotFoundError(f"no receipt {operation_id}")
+        return int(seq)
 
 
 class _OnSQLAlchemy:

@@ -135,8 +135,9 @@ class Receipt(Base):
     __table_args__ = (
         CheckConstraint(f"state IN ({_STATE_LIST})", name="state"),
         CheckConstraint("authentication_recorded = false", name="no_authentication"),
-        Index("ix_receipts_state", "state"),
-        Index("ix_receipts_host", "host"),
+        # the lists' filters in journal order: a page reads its index from the cursor on (migration 0009)
+        Index("ix_receipts_state_seq", "state", "seq"),
+        Index("ix_receipts_host_seq", "host", "seq"),
         Index("ix_receipts_created_at", "created_at"),
         Index("ix_receipts_account_idempotency_key", "account", "idempotency_key"),
         Index("ix_receipts_account_fingerprint_completed", "account", "intent_fingerprint", "completed_at"),

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(180)
 def test_bench_smoke(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "run.py"), "--smoke", "--out", str(tmp_path)],
+        [sys.executable, str(REPO / "bench" / "loopback" / "run.py"), "--smoke", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         check=False,
@@ -62,11 +62,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(150)
 def test_wan_smoke(tmp_path: Path) -> None:
-    """bench/wan.py --smoke: a relay with a 4 ms round trip, an HTTPS upstream in h1 and h2, an httpx agent
+    """bench/wan/run.py --smoke: a relay with a 4 ms round trip, an HTTPS upstream in h1 and h2, an httpx agent
     kept alive through CONNECT, plain mitmdump and the receipts proxy on SQLite side by side; a well-formed
     report (not how fast)."""
     done = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "wan.py"), "--smoke", "--out", str(tmp_path)],
+        [sys.executable, str(REPO / "bench" / "wan" / "run.py"), "--smoke", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         check=False,

@@ -105,6 +105,46 @@ def test_api_shapes_are_the_cli_shapes(store, migrated_url, tmp_path, monkeypatc
     assert proof["open"] is True and proof["proven"] is False
 
 
+def test_pages_follow_the_journal_order(store, migrated_url, tmp_path, monkeypatch, capsys):
+    """Keyset pages: each `after` page starts right after the last receipt of the one before, on both databases,
+    whatever the clock said (a receipt created "earlier" but journaled later is still newer); the API's `Link`
+    header, the page's link and `ls --after` give the same pages."""
+    ids = [made(store, State.SUCCEEDED, status_code=201) for _ in range(5)]
+    skewed = made(store, State.SUCCEEDED, timedelta(hours=3), status_code=201)  # journaled last, clock says older
+    newest_first = [skewed, *reversed(ids)]
+    client = create_app(config_for(tmp_path), store).test_client()
+
+    pages, url = [], "/receipts?state=succeeded&limit=2"
+    while url:
+        r = client.get(url)
+        pages.append([d["operation_id"] for d in r.get_json()])
+        link = r.headers.get("Link")
+        url = re.fullmatch(r'<(.+)>; rel="next"', link).group(1) if link else None
+    assert pages == [newest_first[0:2], newest_first[2:4], newest_first[4:6], []]
+
+    def listed(html: str) -> list[str]:
+        return re.findall(r'href="/ui/receipts/([^"]+)"', html)
+
+    html = client.get("/?state=succeeded&limit=4").get_data(as_text=True)
+    assert listed(html) == newest_first[:4]
+    second = client.get(re.search(r'id="older" href="([^"]+)"', html).group(1).replace("&amp;", "&"))
+    assert listed(second.get_data(as_text=True)) == newest_first[4:]
+    assert 'id="older"' not in second.get_data(as_text=True)
+
+    monkeypatch.setenv("RECEIPTS_DATABASE_URL", migrated_url)
+    (tmp_path / "config.yaml").write_text(f"secret_file: {tmp_path / 'secret'}\n")
+    cli = ["--config", str(tmp_path / "config.yaml"), "--limit", "3"]
+    assert cli_main(["ls", *cli, "--json", "--after", newest_first[1]]) == 0
+    assert [d["operation_id"] for d in json.loads(capsys.readouterr().out)] == newest_first[2:5]
+    assert cli_main(["ls", *cli]) == 0
+    assert f"older: --after {newest_first[2]}" in capsys.readouterr().out
+
+    r = client.get("/receipts?after=op_nope")
+    assert r.status_code == 400 and "after: no receipt op_nope" in r.get_json()["detail"]
+    assert cli_main(["ls", *cli, "--after", "op_nope"]) == 1
+    assert "no receipt op_nope" in capsys.readouterr().err
+
+
 def test_bad_parameters_and_unknown_ids(client):
     for query, word in (("state=finished", "finished"), ("older_than=soon", "soon"), ("limit=0", "limit")):
         r = client.get(f"/receipts?{query}")

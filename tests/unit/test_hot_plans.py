@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, text
+from sqlalchemy import event, insert, text
 from support.store import fp, intent
 
 from proxy_addon.config import AfterSuccess
@@ -25,6 +25,7 @@ from proxy_addon.journal.connection import DriverConnection
 from proxy_addon.journal.writes import JournalWrites, NewReceipt, Step
 from proxy_addon.rules.duplicates import successes_block_for
 from proxy_addon.rules.records import utcnow
+from proxy_addon.store import ReceiptStore
 from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 HISTORY = 20_000  # receipts of one account on one target
@@ -174,3 +175,39 @@ def test_no_write_of_the_hot_path_reads_the_history(skewed):
     found = [p for statement, plan, steps in explaining.plans for p in problems(connection.dialect, statement, plan, steps)]
     assert not found, "\n".join(found)
 
+
+
+def test_a_list_page_reads_its_index_from_the_cursor_on(skewed):
+    """`ls`, the review page and the admin API: a page of the newest receipts of a state or a host, and the page
+    after a given receipt, read their index in journal order and stop at the page's end; neither a scan nor a
+    sort of every receipt of that state or host (40,000 `succeeded` here)."""
+    url, _ = skewed
+    engine = make_engine(url)
+    explained: list[tuple[str, Any]] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def explain(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT") and "FROM receipts" in statement:
+            prefix = "EXPLAIN (FORMAT JSON) " if engine.dialect.name == "postgresql" else "EXPLAIN QUERY PLAN "
+            cursor.execute(prefix + statement, parameters)
+            explained.append((statement, cursor.fetchall()))
+
+    store = ReceiptStore(engine)
+    try:
+        after = store.receipts.list(limit=50)[-1].operation_id
+        for query in ({}, {"states": ["succeeded"]}, {"host": HOST}, {"states": ["succeeded"], "after": after},
+                      {"host": HOST, "after": after}, {"after": after}):
+            assert len(store.receipts.list(limit=50, **query)) == 50
+    finally:
+        engine.dispose()
+    assert len(explained) >= 9
+    found = []
+    for statement, rows in explained:
+        if engine.dialect.name == "postgresql":
+            nodes = list(pg_nodes(rows[0][0][0]["Plan"]))
+            found += [f"{n['Node Type']}: {plan_text(rows[0][0][0]['Plan'])}" for n in nodes if n["Node Type"] in ("Seq Scan", "Sort")]
+        else:
+            in_order = "WHERE" not in statement  # the newest page of all: the seq index read backwards, 50 rows
+            found += [f"{r[-1]}: {statement[-160:]}" for r in rows if "TEMP B-TREE" in str(r[-1])
+                      or (str(r[-1]).startswith("SCAN") and not (in_order and "USING INDEX ix_receipts_seq" in str(r[-1])))]
+    assert not found, "\n".join(found)

@@ -48,7 +48,7 @@ def test_the_diff_check_can_see_a_difference(migrated_url):
     engine = make_engine(migrated_url)
     try:
         with engine.begin() as conn:
-            conn.exec_driver_sql("DROP INDEX ix_receipts_host")
+            conn.exec_driver_sql("DROP INDEX ix_receipts_host_seq")
     finally:
         engine.dispose()
     assert [d[0] for d in schema_diff(migrated_url)] == ["add_index"]

@@ -2,11 +2,11 @@
 
 from typing import Any, Literal, get_args
 
-from flask import Response, request
+from flask import Response, request, url_for
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy_addon.admin.routing import Operation, Param, Routes, admin, json_reply, problem_reply
-from proxy_addon.admin.views import LIST_LIMIT, MAX_LIST_LIMIT, json_response, list_filters, problem, string_fields
+from proxy_addon.admin.views import LIST_LIMIT, MAX_LIST_LIMIT, json_response, list_page, problem, string_fields
 from proxy_addon.exceptions import InvalidResolutionError
 from proxy_addon.rules.states import RESOLUTION_STATES
 from proxy_addon.views import documents, review
@@ -56,6 +56,13 @@ LIST_PARAMETERS = (
         "only receipts created longer ago than this duration, e.g. `10m`, `2h`",
     ),
     Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT, "default": LIST_LIMIT}),
+    Param(
+        "after",
+        "query",
+        {"type": "string"},
+        "the next page: the receipts journaled before this one (the last of the page before; a full page's "
+        "`Link: <...>; rel=\"next\"` header gives the URL)",
+    ),
 )
 
 
@@ -74,9 +81,17 @@ def show(operation_id: str) -> Response:
     },
 ))
 def list_receipts() -> Response:
-    states, host, older_than, limit = list_filters(default_state=None)
-    rows = admin().store.receipts.list(states=states, older_than=older_than, limit=limit, **documents.host_query(host))
-    return json_response([documents.receipt_document(r) for r in rows])
+    rows, after = list_page(admin().store, default_state=None)
+    answer = json_response([documents.receipt_document(r) for r in rows])
+    if after is not None:
+        answer.headers["Link"] = f'<{url_for("list_receipts", **_query_with(after=after))}>; rel="next"'
+    return answer
+
+
+def _query_with(**changed: str) -> dict[str, Any]:
+    query: dict[str, Any] = request.args.to_dict(flat=False)
+    query.update(changed)
+    return query
 
 
 @routes.api("GET", "/receipts/<operation_id>", Operation(

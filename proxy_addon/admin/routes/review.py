@@ -6,7 +6,7 @@ from typing import Any
 from flask import redirect, render_template, request, url_for
 
 from proxy_addon.admin.routing import Routes, admin
-from proxy_addon.admin.views import list_filters, status_of
+from proxy_addon.admin.views import list_filters, list_page, status_of
 from proxy_addon.exceptions import InvalidResolutionError, NotResolvableError, StaleStateError
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import RESOLUTION_STATES, RESOLVABLE_STATES, State
@@ -18,22 +18,30 @@ FORM_FIELDS = ("state", "note", "external_id", "who")
 
 @routes.page("/")
 def index() -> str:
-    states, host, older_than, limit = list_filters(default_state="open")
     store = admin().store
-    rows = store.receipts.list(states=states, older_than=older_than, limit=limit, **documents.host_query(host))
+    rows, after = list_page(store, default_state="open")
+    host = list_filters(default_state="open")[1]
     return render_template(
         "index.html",
         rows=rows,
+        next_page=_page_after(after),
         now=utcnow(),
         head=glance.header(store.retention.stats()),
         chart=glance.chart(store.overview.recent_writes()),
-        limit=limit,
         selected=request.args.get("state", "open"),
         host=request.args.get("host", ""),
         host_filter=host,
         older_than=request.args.get("older_than", ""),
         rule_health=rule_health.stored_health(store, admin().config),
     )
+
+
+def _page_after(after: str | None) -> str | None:
+    """The URL of the next page of the list: the same filters, after the last receipt shown."""
+    if after is None:
+        return None
+    query: dict[str, Any] = {**request.args.to_dict(), "after": after}
+    return url_for("index", **query)
 
 
 @routes.page("/ui/receipts/<operation_id>")

@@ -1,0 +1,1 @@
+"""Hostile inputs: what the worst bodies cost (run.py)."""

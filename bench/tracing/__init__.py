@@ -1,0 +1,1 @@
+"""What OpenTelemetry tracing costs per write (run.py)."""
