@@ -106,4 +106,4 @@ class Overview:
 def wait_ratio(pending: Iterable[Any], now: datetime) -> float:
     """The largest (now - requested_at) / expires_seconds among `pending` rows (0 when there is none)."""
     ratios = [(now - requested).total_seconds() / expires for requested, expires in pending if expires > 0]
-    return round(max(ratios, default=0.0), 4)
+    return max(ratios, default=0.0)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Column, ColumnElement, Connection, Table, and_, delete, func, insert, literal, select, text, union_all
+from sqlalchemy import Column, ColumnElement, Connection, Table, and_, delete, func, insert, select, text
 
 from proxy_addon.config import RetentionSettings
 from proxy_addon.rules.records import JournalStats, utcnow
@@ -188,17 +188,20 @@ class Retention:
 
 
 def _oldest_of_each(conn: Connection) -> dict[str, datetime]:
-    """The creation time of the oldest receipt in each open state that has one: a `min(created_at)` per state, in
-    one statement, each answered from ix_receipts_state_created_at's first entry for that state."""
-    oldest = union_all(
-        *(
-            select(literal(state.value).label("state"), func.min(receipts.c.created_at).label("created_at")).where(
-                receipts.c.state == state.value
-            )
-            for state in sorted(OPEN_STATES)
-        )
-    )
-    return {state: created for state, created in conn.execute(oldest).all() if created is not None}
+    """The creation time of the oldest receipt in each open state that has one, in one statement: per state, the
+    first entry of ix_receipts_state_seq (the journal's order, `seq`, is the order of creation across replicas,
+    whatever their clocks; a `min(created_at)` would read every receipt in the state)."""
+    first = {
+        state.value: select(receipts.c.created_at)
+        .where(receipts.c.state == state.value)
+        .order_by(receipts.c.seq)
+        .limit(1)
+        .scalar_subquery()
+        .label(state.value)
+        for state in sorted(OPEN_STATES)
+    }
+    row = conn.execute(select(*first.values())).one()
+    return {state: created for state, created in zip(first, row, strict=True) if created is not None}
 
 
 def _old_terminal(cutoff: datetime, hosts: "Hosts" = None) -> ColumnElement[bool]:

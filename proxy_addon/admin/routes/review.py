@@ -10,7 +10,7 @@ from proxy_addon.admin.views import list_filters, list_page, status_of
 from proxy_addon.exceptions import InvalidResolutionError, NotResolvableError, StaleStateError
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import RESOLUTION_STATES, RESOLVABLE_STATES, State
-from proxy_addon.views import documents, glance, journaled, review, rule_health
+from proxy_addon.views import glance, journaled, review, rule_health
 
 routes = Routes()
 FORM_FIELDS = ("state", "note", "external_id", "who")
