@@ -107,9 +107,9 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
 )  # fmt: skip
 
 
-def panel(spec: PanelSpec, grid: GridPos) -> dashboard_builders.Panel:
+def panel(spec: PanelSpec, panel_id: int, grid: GridPos) -> dashboard_builders.Panel:
     built = timeseries.Panel() if spec.kind == "timeseries" else stat.Panel()
-    built.title(spec.title).datasource(DATASOURCE).unit(spec.unit).grid_pos(grid)
+    built.id(panel_id).title(spec.title).datasource(DATASOURCE).unit(spec.unit).grid_pos(grid)
     if spec.description:
         built.description(spec.description)
     for ref, query in zip("ABCDEFGH", spec.queries, strict=False):
@@ -138,13 +138,15 @@ def build() -> dict[str, object]:
         .editable()
         .with_variable(dashboard_builders.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
     )
-    y = 0
+    y, panel_id = 0, 0
     for title, specs in PANELS:
-        board.with_row(dashboard_builders.Row(title).grid_pos(GridPos(h=1, w=24, x=0, y=y)))
+        panel_id += 1
+        board.with_row(dashboard_builders.Row(title).id(panel_id).grid_pos(GridPos(h=1, w=24, x=0, y=y)))
         y += 1
         width = 24 // len(specs)
         for i, spec in enumerate(specs):
-            board.with_panel(panel(spec, GridPos(h=PANEL_HEIGHT, w=width, x=i * width, y=y)))
+            panel_id += 1
+            board.with_panel(panel(spec, panel_id, GridPos(h=PANEL_HEIGHT, w=width, x=i * width, y=y)))
         y += PANEL_HEIGHT
     document: dict[str, object] = json.loads(json.dumps(board.build(), cls=JSONEncoder))
     return document

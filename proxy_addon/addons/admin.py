@@ -29,6 +29,7 @@ class InProxyAdmin:
     def __init__(self, journal: ReceiptsState):
         self.journal = journal
         self.server: AdminServer | None = None
+        self.listen: tuple[str, int] | None = None  # receipts_admin_listen, parsed
 
     def load(self, loader: Any) -> None:
         loader.add_option(
@@ -41,18 +42,20 @@ class InProxyAdmin:
         )
 
     def configure(self, updated: set[str]) -> None:
-        if "receipts_admin_listen" in updated and ctx.options.receipts_admin_listen:
-            try:
-                parse_listen(ctx.options.receipts_admin_listen)
-            except ValueError as e:
-                raise exceptions.OptionsError(str(e)) from e
+        if "receipts_admin_listen" not in updated:
+            return
+        try:
+            spec = ctx.options.receipts_admin_listen
+            self.listen = parse_listen(spec) if spec else None
+        except ValueError as e:
+            raise exceptions.OptionsError(str(e)) from e
 
     async def running(self) -> None:
         j = self.journal
         if j.config is None or j.store is None:
             return
         try:
-            settings = self._settings(j.config)
+            settings = self._settings(j.config, self.listen)
         except ConfigError as e:
             log.error("admin_not_started", error=str(e), note="the proxy goes on without it")
             return
@@ -69,12 +72,10 @@ class InProxyAdmin:
         log.info("admin_started", url=server.url, token_required=server.settings.token is not None)
 
     @staticmethod
-    def _settings(config: ReceiptsConfig) -> AdminSettings | None:
+    def _settings(config: ReceiptsConfig, listen: tuple[str, int] | None) -> AdminSettings | None:
         """The admin section, or where `receipts_admin_listen` says; None when neither turns it on."""
-        listen = ctx.options.receipts_admin_listen if hasattr(ctx.options, "receipts_admin_listen") else ""
-        if listen:
-            host, port = parse_listen(listen)
-            return admin_settings(config, listen_host=host, listen_port=port, enabled=True)
+        if listen is not None:
+            return admin_settings(config, listen_host=listen[0], listen_port=listen[1], enabled=True)
         return config.admin if config.admin.enabled else None
 
     async def done(self) -> None:

@@ -29,9 +29,10 @@ COLOURS = {
     State.SUBMITTED: "#c3c9d4",
     State.PLANNED: "#dde1e8",
 }
-WIDTH, HEIGHT = 720, 150  # the SVG's viewBox
+WIDTH, HEIGHT = 1080, 170  # the SVG's viewBox: about the page's width, so that its text is the page's size
 LEFT, BOTTOM, TOP = 40, 22, 8  # room for the count axis, the time axis, and the top bar's edge
-GAP = 4  # between bars
+GAP = 6  # between bars
+MIN_HEIGHT = 2.5  # a state with any write in a bar stays visible however few
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def chart(recent: RecentWrites) -> Chart:
         for state in STACK_ORDER:
             n = bucket.get(state.value, 0)
             if n:
-                h = n * scale
+                h = max(n * scale, MIN_HEIGHT)
                 y -= h
                 segments.append(Segment(state.value, n, round(y, 2), round(h, 2), COLOURS[state]))
         start = recent.since + step * i
