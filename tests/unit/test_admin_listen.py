@@ -46,9 +46,8 @@ def store(sqlite_url):
 
 def test_the_option_is_checked_when_set(store, tmp_path):
     addon = InProxyAdmin(Journal(parse_config(f"secret_file: {tmp_path / 's'}"), store))
-    with taddons.context(addon) as tctx:
-        with pytest.raises(exceptions.OptionsError, match="receipts_admin_listen 'nowhere'"):
-            tctx.configure(addon, receipts_admin_listen="nowhere")
+    with taddons.context(addon) as tctx, pytest.raises(exceptions.OptionsError, match="receipts_admin_listen 'nowhere'"):
+        tctx.configure(addon, receipts_admin_listen="nowhere")
 
 
 def test_the_option_serves_the_admin_server_though_the_config_has_it_off(store, tmp_path, monkeypatch):
