@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Column, ColumnElement, Connection, Table, and_, delete, func, insert, select, text
+from sqlalchemy import Column, ColumnElement, Connection, Select, Table, and_, delete, func, insert, select, text
 
 from proxy_addon.config import RetentionSettings
 from proxy_addon.rules.records import JournalStats, utcnow
@@ -187,21 +187,26 @@ class Retention:
         return and_(_controls.c.checked_at < cutoff, _controls.c.id.not_in(newest))
 
 
+def oldest_statement() -> Select[Any]:
+    """The creation time of the oldest receipt in each open state, one column per state (NULL: none), in one
+    statement: per state, the first entry of ix_receipts_state_seq (the journal's order, `seq`, is the order of
+    creation across replicas, whatever their clocks; a `min(created_at)` would read every receipt in the state)."""
+    return select(
+        *(
+            select(receipts.c.created_at)
+            .where(receipts.c.state == state.value)
+            .order_by(receipts.c.seq)
+            .limit(1)
+            .scalar_subquery()
+            .label(state.value)
+            for state in sorted(OPEN_STATES)
+        )
+    )
+
+
 def _oldest_of_each(conn: Connection) -> dict[str, datetime]:
-    """The creation time of the oldest receipt in each open state that has one, in one statement: per state, the
-    first entry of ix_receipts_state_seq (the journal's order, `seq`, is the order of creation across replicas,
-    whatever their clocks; a `min(created_at)` would read every receipt in the state)."""
-    first = {
-        state.value: select(receipts.c.created_at)
-        .where(receipts.c.state == state.value)
-        .order_by(receipts.c.seq)
-        .limit(1)
-        .scalar_subquery()
-        .label(state.value)
-        for state in sorted(OPEN_STATES)
-    }
-    row = conn.execute(select(*first.values())).one()
-    return {state: created for state, created in zip(first, row, strict=True) if created is not None}
+    row = conn.execute(oldest_statement()).one()
+    return {state: created for state, created in row._mapping.items() if created is not None}
 
 
 def _old_terminal(cutoff: datetime, hosts: "Hosts" = None) -> ColumnElement[bool]:
