@@ -400,10 +400,17 @@ def cmd_rules_check(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
+    from proxy_addon.admin.server import serve_at
     from proxy_addon.reconcile.worker import run_reconcile
 
     config = _config(args)
-    return run_reconcile(config, _store(args, config), once=args.once)
+    store = _store(args, config)
+    server = serve_at(config, store, args.admin_listen) if args.admin_listen else None  # its verdicts' metrics
+    try:
+        return run_reconcile(config, store, once=args.once)
+    finally:
+        if server is not None:
+            server.stop()
 
 
 # -- parser -------------------------------------------------------------------------------------------------
@@ -420,6 +427,15 @@ def _duration_arg(text: str) -> str:
 def _host_arg(text: str) -> HostFilter:
     try:
         return parse_host_filter(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _listen_arg(text: str) -> tuple[str, int]:
+    from proxy_addon.admin.server import parse_listen
+
+    try:
+        return parse_listen(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -482,6 +498,8 @@ def _add_receipt_commands(command: Callable[..., Any]) -> None:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="one pass over the queue, then exit")
     mode.add_argument("--loop", action="store_true", help="keep reconciling every reconcile.interval")
+    p.add_argument("--admin-listen", type=_listen_arg, metavar="HOST:PORT",
+                   help="also serve the admin server (its /metrics: this worker's verdicts) there")
 
     p = command("ls", cmd_ls, "list receipts, newest first")
     p.add_argument("--state", type=_state_arg, help="a state, or open, or unknown (outcome_unknown, reconciling, manual_review)")

@@ -6,20 +6,12 @@ from typing import Any
 from mitmproxy import ctx, exceptions
 
 from proxy_addon.addons.state import ReceiptsState
-from proxy_addon.admin.server import AdminServer
+from proxy_addon.admin.server import AdminServer, parse_listen
 from proxy_addon.config import AdminSettings, ReceiptsConfig, admin_settings
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.log import get_logger
 
 log = get_logger("receipts.admin")
-
-
-def parse_listen(spec: str) -> tuple[str, int]:
-    """`HOST:PORT` (`[::1]:8081` for IPv6) -> (host, port), or ValueError naming what is wrong."""
-    host, sep, port = spec.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"receipts_admin_listen {spec!r}: expected HOST:PORT, e.g. 0.0.0.0:8081")
-    return host.strip("[]") if host.startswith("[") else host, int(port)
 
 
 class InProxyAdmin:
@@ -46,7 +38,7 @@ class InProxyAdmin:
             return
         try:
             spec = ctx.options.receipts_admin_listen
-            self.listen = parse_listen(spec) if spec else None
+            self.listen = parse_listen(spec, "receipts_admin_listen") if spec else None
         except ValueError as e:
             raise exceptions.OptionsError(str(e)) from e
 

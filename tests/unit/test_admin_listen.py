@@ -8,9 +8,11 @@ import pytest
 from mitmproxy import exceptions
 from mitmproxy.test import taddons
 
-from proxy_addon.addons.admin import InProxyAdmin, parse_listen
+from proxy_addon.addons.admin import InProxyAdmin
+from proxy_addon.admin.server import parse_listen, serve_at
 from proxy_addon.config import parse_config
 from proxy_addon.db import make_engine
+from proxy_addon.exceptions import ConfigError
 from proxy_addon.store import ReceiptStore
 from tests.conftest import migrate
 
@@ -28,7 +30,7 @@ def test_parse_listen(spec, expected):
 @pytest.mark.parametrize("spec", ["8081", ":8081", "host:", "host:port", "host:70000", "0.0.0.0"])
 def test_a_bad_listen_address_is_one_line_naming_the_option(spec):
     with pytest.raises(ValueError, match=r"receipts_admin_listen .*expected HOST:PORT"):
-        parse_listen(spec)
+        parse_listen(spec, "receipts_admin_listen")
 
 
 class Journal:
@@ -89,3 +91,17 @@ def test_an_address_beyond_loopback_without_the_token_is_logged_and_the_proxy_go
     assert addon.server is None
     [line] = [e for e in logged if e["event"] == "admin_not_started"]
     assert "RECEIPTS_ADMIN_TOKEN" in line["error"]
+
+
+def test_a_process_serves_its_metrics_beside_its_work(store, tmp_path, monkeypatch):
+    """`receipts reconcile --admin-listen`: the worker's verdicts are counted in its own process."""
+    monkeypatch.delenv("RECEIPTS_ADMIN_TOKEN", raising=False)
+    config = parse_config(f"secret_file: {tmp_path / 's'}")
+    server = serve_at(config, store, ("127.0.0.1", 0))
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{server.port}/metrics", trust_env=False, timeout=10)
+        assert answer.status_code == 200 and 'receipts_reconcile_verdicts_total{state="manual_review"}' in answer.text
+    finally:
+        server.stop()
+    with pytest.raises(ConfigError, match="RECEIPTS_ADMIN_TOKEN"):
+        serve_at(config, store, ("0.0.0.0", 0))

@@ -12,7 +12,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from support.install import BUILD_INPUTS
 
-from proxy_addon.addons.admin import parse_listen
+from proxy_addon.admin.server import parse_listen
 from proxy_addon.cli import build_parser
 from proxy_addon.config import admin_settings, load_config
 from proxy_addon.db import parse_database_url
@@ -104,17 +104,21 @@ def test_prometheus_and_grafana_run_with_what_the_repository_provisions(compose)
         assert all(port.startswith("127.0.0.1:") for port in service["ports"])
 
 
-@pytest.mark.parametrize("service", ["proxy-1", "proxy-2"])
-def test_prometheus_scrapes_each_proxy_where_it_serves_metrics_with_the_token(compose, service, monkeypatch):
-    """Each replica serves its admin server (`receipts_admin_listen`) on the port Prometheus scrapes, and that needs
-    the token, which compose passes to the proxies and, as a secret, to Prometheus."""
+@pytest.mark.parametrize("service", ["proxy-1", "proxy-2", "reconcile"])
+def test_prometheus_scrapes_each_process_where_it_serves_metrics_with_the_token(compose, service, monkeypatch):
+    """Each replica serves its admin server (`receipts_admin_listen`), and the reconcile worker its own
+    (`--admin-listen`: its verdicts are counted there), on the port Prometheus scrapes; that needs the token,
+    which compose passes to them and, as a secret, to Prometheus."""
     scrape = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
     [job] = scrape["scrape_configs"]
     [targets] = [c["targets"] for c in job["static_configs"]]
     proxy = compose["services"][service]
     args = build_parser().parse_args(proxy["command"])
-    [listen] = [s.split("=", 1)[1] for s in args.set if s.startswith("receipts_admin_listen=")]
-    host, port = parse_listen(listen)
+    if service == "reconcile":
+        host, port = args.admin_listen
+    else:
+        [listen] = [s.split("=", 1)[1] for s in args.set if s.startswith("receipts_admin_listen=")]
+        host, port = parse_listen(listen)
     assert f"{service}:{port}" in targets
     assert "RECEIPTS_ADMIN_TOKEN" in proxy["environment"] and proxy["environment"]["RECEIPTS_SECRET"]
     secret = job["authorization"]["credentials_file"].removeprefix("/run/secrets/")
