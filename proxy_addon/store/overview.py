@@ -26,7 +26,7 @@ from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import receipts
 from proxy_addon.store.tables import Approval, ProxyInstance
 
-RECENT_ROWS = 100_000  # receipts the chart counts at most: the newest of its span (it says so when it is cut)
+RECENT_ROWS = 50_000  # receipts the chart counts at most: the newest of its span (it says so when it is cut)
 PENDING_ROWS = 1_000  # pending approvals weighed at most, the longest waiting first
 LOST_WITHIN = timedelta(hours=1)  # an instance that died without a clean stop counts as lost for this long
 _instances: Table = ProxyInstance.__table__  # type: ignore[assignment]
