@@ -47,6 +47,7 @@ setup(
     package_dir={"proxy_addon.migrations": "migrations"},
     package_data={
         "proxy_addon": ["templates/*.html"],  # the review page's
+        "proxy_addon.presets": ["*.yaml"],  # the presets' rules (`preset: NAME` on a host)
         "proxy_addon.migrations": ["script.py.mako"],  # the template `alembic revision` writes a migration from
     },
     cmdclass={"build_py": BuildPyWithExampleConfig},

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from proxy_addon import presets
 from proxy_addon.db import DEFAULT_DATABASE_URL, anchor_sqlite_url
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.log import get_logger
@@ -125,7 +126,20 @@ class Defaults(StrictModel):
 
 
 class HostConfig(HostOverrides):
+    preset: str | None = None  # tested operation and read rules for a known API (presets/); the host's own keys win
     operations: list[OperationRule] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return presets.with_preset(data) if isinstance(data, dict) else data
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and name not in presets.known_presets():
+            raise ValueError(presets.unknown_preset(name))
+        return name
 
 
 class DatabaseSettings(StrictModel):

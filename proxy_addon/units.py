@@ -89,5 +89,34 @@ Size = Annotated[int, BeforeValidator(parse_size)]
 JsonPathField = Annotated[JsonPath, BeforeValidator(_compile_jsonpath), PlainSerializer(lambda p: p.text)]
 
 
+@dataclass(frozen=True)
+class AnswerField:
+    """Where a value is in an answer: a JSON path into its body (`$.id`), or one of its headers (`header:ETag`)."""
+
+    text: str
+    path: JsonPath | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def header(self) -> str | None:
+        return self.text.split(":", 1)[1].strip() if self.path is None else None
+
+    def first(self, document: Any) -> Any:
+        """The value in a JSON document (None for a header)."""
+        return self.path.first(document) if self.path is not None else None
+
+
+def _compile_answer_field(value: Any) -> AnswerField:
+    if isinstance(value, AnswerField):
+        return value
+    if isinstance(value, str) and value.lower().startswith("header:"):
+        if not value.split(":", 1)[1].strip():
+            raise ValueError(f"{value!r} names no header (write it like header:ETag)")
+        return AnswerField(value)
+    return AnswerField(value, _compile_jsonpath(value)) if isinstance(value, str) else AnswerField("", _compile_jsonpath(value))
+
+
+AnswerFieldType = Annotated[AnswerField, BeforeValidator(_compile_answer_field), PlainSerializer(lambda f: f.text)]
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)

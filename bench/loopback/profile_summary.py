@@ -46,8 +46,8 @@ COMPONENTS: list[tuple[str, tuple[str, ...]]] = [
     ("mitmproxy", ("mitmproxy/", "mitmproxy_rs/")),
     ("pydantic", ("pydantic/", "pydantic_core/")),
 ]
-# proxy_addon/cli.py only starts the event loop: a stack whose innermost known frame is cli.py is the loop
-ROOT_ONLY = ("proxy_addon/cli.py",)
+# proxy_addon/cli/ only starts the event loop: a stack whose innermost known frame is in cli/ is the loop
+ROOT_ONLY = ("proxy_addon/cli/",)
 
 BEGIN_WAIT = "DB: BEGIN IMMEDIATE (waiting for SQLite's write lock)"
 COMMIT = "DB: commit (WAL write + fsync, or server round trip)"

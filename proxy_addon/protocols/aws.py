@@ -7,6 +7,9 @@
 - **JSON** (DynamoDB, SQS, Kinesis, Lambda's control plane...): a signed POST with `X-Amz-Target`; errors are
   `{"__type": Code, "message": ...}`. Given problem+json, the SDK's error code is the bare status ("409").
 
+A rule's `call` names an AWS call by its operation: the `X-Amz-Target`'s last part (`PutItem`), or the query's
+`Action` (`SendEmail`); the receipt's operation name is then the rule's.
+
 Either way `Code` is the problem's kind in the SDK's casing (`DuplicateOpen`, `OutcomeUnknown`...), the message
 says which receipt and what the agent may do, and the status and the `X-Receipt-*` headers stay. Identity,
 operation names and verdicts are REST's. REST-style services (S3, API Gateway) read the status as the error.
@@ -77,21 +80,23 @@ class AwsJsonCall(Call):
 
 def recognise(facts: "RequestFacts", route: "Route", policy: HostPolicy) -> Call | None:
     """A POST signed the AWS way (SigV4 in the header, or SigV2 in the form) that is an AWS JSON call (its
-    `X-Amz-Target`) or a query call (a form with an `Action` and a `Version`). Anything else: None."""
+    `X-Amz-Target`) or a query call (a form with an `Action` and a `Version`), named by its operation. Anything
+    else: None."""
     if facts.method != "POST":
         return None
     mime = (facts.content_type or "").split(";")[0].strip().lower()
     sigv4 = any(n.lower() == "authorization" and v.lstrip().upper().startswith("AWS4-") for n, v in facts.headers)
-    if mime in JSON_TYPES and sigv4 and any(n.lower() == "x-amz-target" for n, _ in facts.headers):
-        return AwsJsonCall(content_type=mime)
+    target = next((v for n, v in facts.headers if n.lower() == "x-amz-target"), None)
+    if mime in JSON_TYPES and sigv4 and target is not None:
+        return AwsJsonCall(content_type=mime, name=target.rpartition(".")[2] or None)
     if mime != FORM or len(facts.body) > MAX_FORM:
         return None
     try:
-        fields = {k for k, _ in parse_qsl(facts.body.decode("utf-8"), keep_blank_values=True)}
+        fields = dict(parse_qsl(facts.body.decode("utf-8"), keep_blank_values=True))
     except (UnicodeDecodeError, ValueError):
         return None
     signed = sigv4 or "AWSAccessKeyId" in fields
-    return AwsQueryCall() if signed and {"Action", "Version"} <= fields else None
+    return AwsQueryCall(name=fields["Action"] or None) if signed and {"Action", "Version"} <= fields.keys() else None
 
 
 def read_headers(body: Any) -> dict[str, str] | None:

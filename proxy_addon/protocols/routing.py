@@ -92,6 +92,20 @@ def match_rule(policy: HostPolicy, method: str, path: str, name: str | None) -> 
     return route_match
 
 
+def receipt_rule(policy: HostPolicy, method: str, path: str, operation: str) -> tuple[OperationRule, dict[str, str]] | None:
+    """The rule a journaled receipt was matched by, found again from its operation name: the protocol's call in it
+    (`mcp tools/call create_ticket`), else a rule naming a call by that name (an AWS call, whose operation name is
+    its rule's), else its route's."""
+    name = call_name(operation)
+    if name is None:
+        for rule in policy.operations:
+            if rule.name == operation and rule.call is not None and rule.method == method:
+                m = rule.path_regex.match(path)
+                if m is not None:
+                    return rule, m.groupdict()
+    return match_rule(policy, method, path, name)
+
+
 def read_headers(body: Any) -> dict[str, str]:
     """The headers a reconcile read sent as a POST with this JSON body needs in its protocol (none for REST)."""
     for protocol in PROTOCOLS:

@@ -13,7 +13,7 @@ from datetime import datetime
 import httpx
 
 from proxy_addon.config import ReceiptsConfig
-from proxy_addon.protocols.routing import call_name, match_rule
+from proxy_addon.protocols.routing import receipt_rule
 from proxy_addon.reconcile.control_runs import VerifierControls
 from proxy_addon.reconcile.controls import BOTH, READ_RULE_STRATEGIES, RuleTarget, is_known_effect
 from proxy_addon.reconcile.strategies import STRATEGIES, Reader, Strategy
@@ -33,14 +33,14 @@ def targets_of(config: ReceiptsConfig, receipts: list[ReceiptRecord]) -> dict[tu
     targets: dict[tuple[str, int, str], RuleTarget] = {}
     for receipt in receipts:
         key = (receipt.host, receipt.port, receipt.operation)
-        if key in targets and is_known_effect(targets[key].base):
+        if key in targets and is_known_effect(targets[key].base, targets[key].op):
             continue
         policy = config.policy_for(receipt.host, receipt.port)
-        matched = match_rule(policy, receipt.method, receipt.path, call_name(receipt.operation))
+        matched = receipt_rule(policy, receipt.method, receipt.path, receipt.operation)
         if matched is None or matched[0].reconcile is None or matched[0].reconcile.strategy not in READ_RULE_STRATEGIES:
             continue
         op, params = matched
-        if key not in targets or is_known_effect(receipt):
+        if key not in targets or is_known_effect(receipt, op):
             targets[key] = RuleTarget(op, matched[0].reconcile, params, policy, receipt)
     return targets
 

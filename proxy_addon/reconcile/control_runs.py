@@ -72,7 +72,7 @@ class VerifierControls:
 
     async def _positive(self, target: RuleTarget) -> ControlRunRecord:
         b = target.base
-        by_id = known_by_its_id(b.method)
+        by_id = known_by_its_id(b.method, target.op)
         known = await asyncio.to_thread(self.store.controls.known_success, b.host, b.port, b.operation, b.account, by_id)
         if known is None:
             at = await asyncio.to_thread(self.now)

@@ -58,7 +58,7 @@ def probe_of(base: ReceiptRecord, rule: ReconcileRule, params: dict[str, str], v
     document = document if isinstance(document, dict) else {}
     probe_params = dict(params)
     names = [*PLACEHOLDER_RE.findall(rule.url or ""), *template_placeholders(rule.body)]
-    for name in names:
+    for name in (n for n in names if n not in rule.controls.keep):
         if name.startswith("path."):
             probe_params[name[5:]] = value
         elif name.startswith("body."):
@@ -85,15 +85,17 @@ def _set_dotted(document: dict[str, Any], parts: list[str], value: str) -> None:
     node[parts[-1]] = value
 
 
-def known_by_its_id(method: str) -> bool:
+def known_by_its_id(method: str, op: OperationRule | None = None) -> bool:
     """Whether a known effect of this method is found by its `external_id` (so one is needed): every write but a
-    DELETE, whose effect is its target gone."""
-    return method != "DELETE"
+    DELETE, whose effect is its target gone, and one whose operation has no id anywhere (a DynamoDB PutItem)."""
+    if method == "DELETE":
+        return False
+    return op is None or op.external_id is not None or (op.reconcile is not None and op.reconcile.id is not None)
 
 
-def is_known_effect(receipt: ReceiptRecord) -> bool:
+def is_known_effect(receipt: ReceiptRecord, op: OperationRule | None = None) -> bool:
     """A receipt the positive control can run on: succeeded, with an external_id where its method needs one."""
-    return receipt.state == State.SUCCEEDED and (receipt.external_id is not None or not known_by_its_id(receipt.method))
+    return receipt.state == State.SUCCEEDED and (receipt.external_id is not None or not known_by_its_id(receipt.method, op))
 
 
 def judge_positive(outcome: ReadOutcome, known: ReceiptRecord, rule: ReconcileRule) -> ControlResult:

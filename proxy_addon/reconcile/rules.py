@@ -5,7 +5,7 @@ import os
 import re
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, unquote
 
 from proxy_addon.exceptions import ReadNotPossibleError, UnreadableRuleError
 from proxy_addon.rules.fingerprint import canonical_json
@@ -22,19 +22,58 @@ def netloc_of(receipt: ReceiptRecord) -> str:
     return host if receipt.port == default else f"{host}:{receipt.port}"
 
 
+_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
+
+
 def request_document(receipt: ReceiptRecord) -> Any:
+    """The journaled request's body as a document: its JSON, or a form's fields (`a[b]=1` nested as {"a": {"b":
+    "1"}}, as Stripe, Rails and PHP write them; `a[]` a list)."""
     if not receipt.request_body:
         return None
     try:
         return json.loads(receipt.request_body)
     except (ValueError, UnicodeDecodeError):
+        pass
+    if not _is_form(receipt) or receipt.request_body_truncated:
         return None
+    try:
+        pairs = parse_qsl(receipt.request_body.decode("utf-8"), keep_blank_values=True, strict_parsing=True)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return form_document(pairs)
+
+
+def _is_form(receipt: ReceiptRecord) -> bool:
+    content_type = next((str(v) for k, v in (receipt.request_headers or {}).items() if k.lower() == "content-type"), "")
+    return content_type.split(";")[0].strip().lower() == "application/x-www-form-urlencoded"
+
+
+def form_document(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        head, _, rest = key.partition("[")
+        names = [head, *_BRACKETS.findall("[" + rest)] if rest else [head]
+        node: Any = document
+        for i, name in enumerate(names):
+            last = i == len(names) - 1
+            if isinstance(node, list):  # `a[]` followed by more: a new element
+                node.append({} if not last else value)
+                node = node[-1]
+                continue
+            if not isinstance(node, dict):
+                break  # `a=1&a[b]=2`: the field was text already; keep the first
+            if last:
+                node.setdefault(name, value)
+            else:
+                node = node.setdefault(name, [] if names[i + 1] == "" else {})
+    return document
 
 
 def _value(name: str, receipt: ReceiptRecord, path_params: dict[str, str], document: Any, what: str = "url") -> Any:
     """A placeholder's value for this receipt, as it is (a JSON body template may take a whole object)."""
     if name.startswith("path."):
-        value: Any = path_params.get(name[5:])
+        raw = path_params.get(name[5:])
+        value: Any = None if raw is None else unquote(raw)  # as sent; quoted again where it is put
     elif name.startswith("body."):
         value = document
         for part in name[5:].split("."):
@@ -74,7 +113,9 @@ def fill_template(template: str, receipt: ReceiptRecord, path_params: dict[str, 
 
     def value_of(name: str) -> str:
         text = _text(_value(name, receipt, path_params, document), name, "url")
-        return text if name in ("scheme", "host", "port", "netloc") else quote(text, safe="")
+        if name in ("scheme", "host", "port", "netloc"):
+            return text
+        return quote(text, safe="/" if name.startswith("path.") else "")  # a {key+} keeps its slashes
 
     return PLACEHOLDER_RE.sub(lambda m: value_of(m.group(1)), template)
 
@@ -115,14 +156,32 @@ def expand_env(headers: dict[str, str]) -> dict[str, str]:
 
 
 def candidate_matches(candidate: Any, original: Any, rule: ReconcileRule) -> bool:
+    compared = 0
     for cand_path, orig_path in rule.match_paths:
         want = orig_path.find(original)
-        if not want or want[0] == REDACTED:
+        if want and want[0] == REDACTED:
+            raise UnreadableRuleError(f"match needs {orig_path.text} of the original request, which was redacted")
+        if not want:
+            if rule.match_when_missing == "skip":
+                continue
             raise UnreadableRuleError(f"match needs {orig_path.text} of the original request, which was not journaled")
+        compared += 1
         got = cand_path.find(candidate)
-        if not got or canonical_json(got[0]) != canonical_json(want[0]):
+        if not got or not same_value(got[0], want[0]):
             return False
+    if not compared:
+        fields = ", ".join(o.text for _c, o in rule.match_paths)
+        raise UnreadableRuleError(f"the request has none of the fields match compares ({fields})")
     return True
+
+
+def same_value(got: Any, want: Any) -> bool:
+    """Equal as JSON; a form's text equals the number or boolean the server answers with (`amount=2000`: 2000)."""
+    if isinstance(want, str) and isinstance(got, bool):
+        return want == ("true" if got else "false")
+    if isinstance(want, str) and isinstance(got, int | float):
+        return want == canonical_json(got)
+    return canonical_json(got) == canonical_json(want)
 
 
 def parse_time(value: Any) -> datetime | None:

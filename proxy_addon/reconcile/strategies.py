@@ -5,8 +5,10 @@ Each reads the upstream (never through the proxy) and says what it found (decide
 """
 
 import time
+from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, urljoin, urlsplit
+from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 import httpx
 
@@ -14,6 +16,7 @@ from proxy_addon.config import HostPolicy
 from proxy_addon.exceptions import ReadNotPossibleError, UnreadableRuleError
 from proxy_addon.log import get_logger
 from proxy_addon.protocols import routing, sse
+from proxy_addon.reconcile.aws_sigv4 import SigV4
 from proxy_addon.reconcile.decide import Found, ReadOutcome
 from proxy_addon.reconcile.rules import (
     candidate_matches,
@@ -29,7 +32,7 @@ from proxy_addon.rules.fingerprint import canonical_json
 from proxy_addon.rules.operations import OperationRule, ReconcileRule
 from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.rules.redaction import REDACTED, error_text, redact_url
-from proxy_addon.units import compile_jsonpath
+from proxy_addon.units import AnswerField, compile_jsonpath
 
 log = get_logger("receipts.reconcile")
 
@@ -83,19 +86,50 @@ class Lookup:
         if not response.is_success:
             return ReadOutcome(Found.FAILED, evidence)
         found_kind = Found.STILL_PRESENT if receipt.method == "DELETE" else Found.PRESENT
-        if rule.method == "HEAD" or (not rule.match and rule.id is None):
-            return ReadOutcome(found_kind, evidence)
-        document = _json(response)
-        if document is None or _refused(document):
+        reads_body = bool(rule.match) or any(f is not None and f.header is None for f in (rule.id, rule.time_field))
+        document = _json(response) if reads_body else None
+        if reads_body and (document is None or _refused(document)):
             evidence["reason"] = _refused(document) or "lookup answer is not JSON"
             return ReadOutcome(Found.FAILED, evidence)
         if rule.match and not candidate_matches(document, request_document(receipt), rule):
             evidence["reason"] = "the resource found does not match the request"
             return ReadOutcome(Found.MISMATCH, evidence)
-        found = rule.id.first(document) if rule.id else None
-        if found_kind == Found.STILL_PRESENT:
-            return ReadOutcome(found_kind, {**evidence, "matched_id": found})
-        return ReadOutcome(Found.PRESENT, {**evidence, "matched_id": found}, None if found is None else str(found))
+        if found_kind == Found.PRESENT and not _in_lookup_window(response, document, receipt, rule, evidence):
+            return ReadOutcome(Found.MISMATCH, evidence)
+        found = _answer_value(rule.id, response, document)
+        if found is None or found_kind == Found.STILL_PRESENT:
+            return ReadOutcome(found_kind, evidence if found is None else {**evidence, "matched_id": found})
+        return ReadOutcome(Found.PRESENT, {**evidence, "matched_id": found}, str(found))
+
+
+def _answer_value(where: AnswerField | None, response: httpx.Response, document: Any) -> Any:
+    if where is None:
+        return None
+    return response.headers.get(where.header) if where.header else where.first(document)
+
+
+def _in_lookup_window(response: httpx.Response, document: Any, receipt: ReceiptRecord, rule: ReconcileRule, evidence: dict[str, Any]) -> bool:
+    """A resource last changed longer than `window` before or after the submission is not this write's effect (an
+    S3 object that was there before, and that a lost PUT did not replace)."""
+    if rule.time_field is None:
+        return True
+    value = _answer_value(rule.time_field, response, document)
+    changed = parse_time(value) or (_http_date(value) if isinstance(value, str) else None)
+    anchor = receipt.submitted_at or receipt.created_at
+    if changed is None:
+        evidence["reason"] = f"the resource has no readable {rule.time_field.text}; whose it is is not proven"
+        return False
+    if abs((changed - anchor).total_seconds()) <= rule.window:
+        return True
+    evidence["reason"] = f"the resource was last changed at {changed.isoformat()}, not within {rule.window:g}s of the write"
+    return False
+
+
+def _http_date(value: str) -> datetime | None:
+    try:
+        return parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
 
 
 class Search:
@@ -137,8 +171,7 @@ class Search:
                 if _in_window(c, receipt, rule) and candidate_matches(c, original, rule):
                     found = rule.id.first(c) if rule.id else None
                     matches.setdefault(canonical_json(c) if found is None else str(found), c)
-            found_next = rule.next_page.first(page) if rule.next_page else None
-            next_url = urljoin(next_url, str(found_next)) if found_next else None
+            next_url, kwargs = _next_read(rule, page, next_url, kwargs)
             if next_url is not None and urlsplit(next_url)[:2] != origin:
                 # the read's credentials go only where the rule's url points
                 return ReadOutcome(Found.FAILED, {"reads": reads, "reason": f"next page {next_url} leaves {origin[1]}"})
@@ -153,12 +186,32 @@ class Search:
             return ReadOutcome(Found.PRESENT, {**evidence, "matched_id": ids[0]}, None if ids[0] is None else str(ids[0]))
         if len(matches) > 1:
             return ReadOutcome(Found.AMBIGUOUS, {**evidence, "reason": f"{len(matches)} records match; a person must pick"})
-        list_ended = rule.next_page is not None  # the loop above only gets here once no next page is left
+        list_ended = rule.next_page is not None or rule.cursor is not None  # the loop ends here only once no page is left
         if rule.time_field is not None and not reached_back and not list_ended:
             # newer records may have pushed ours off the pages read: that is no proof of absence
             reason = f"the pages read do not reach back to {anchor.isoformat()}; absence not proven (set next_page)"
             return ReadOutcome(Found.FAILED, {**evidence, "reason": reason})
         return ReadOutcome(Found.ABSENT, evidence)
+
+
+def _next_read(rule: ReconcileRule, page: Any, url: str, kwargs: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """The next page's read: the URL the page names (`next_page`), or the same read with the page's cursor put into
+    its query or body (`cursor`); None when the page is the last."""
+    if rule.next_page is not None:
+        found_next = rule.next_page.first(page)
+        return (urljoin(url, str(found_next)) if found_next else None), kwargs
+    cursor = rule.cursor
+    if cursor is None or (cursor.more is not None and cursor.more.first(page) is not True):
+        return None, kwargs
+    value = cursor.value.first(page)
+    if value is None:
+        return None, kwargs
+    where, _, name = cursor.into.partition(":")
+    if where == "body":
+        return url, {**kwargs, "json": {**(kwargs.get("json") or {}), name: value}}
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != name] + [(name, str(value))]
+    return urlunsplit(parts._replace(query=urlencode(query))), kwargs
 
 
 def _in_window(candidate: Any, receipt: ReceiptRecord, rule: ReconcileRule) -> bool:
@@ -247,6 +300,8 @@ def _read_kwargs(rule: ReconcileRule, receipt: ReceiptRecord, params: dict[str, 
     """The read's headers and, for a POST read, its JSON body (with the headers its protocol asks for)."""
     headers = expand_env(rule.headers)
     kwargs: dict[str, Any] = {"headers": headers, "timeout": rule.timeout}
+    if rule.aws_sigv4 is not None:
+        kwargs["auth"] = SigV4(rule.aws_sigv4.service, rule.aws_sigv4.region)
     if rule.method == "POST":
         body = fill_body(rule.body, receipt, params) if rule.body is not None else {}
         given = {k.lower() for k in headers}

@@ -21,7 +21,7 @@ from proxy_addon import metrics, tracing
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.exceptions import StaleStateError
 from proxy_addon.log import configure_logging, get_logger
-from proxy_addon.protocols.routing import call_name, match_rule
+from proxy_addon.protocols.routing import receipt_rule
 from proxy_addon.reconcile.control_runs import VerifierControls
 from proxy_addon.reconcile.controls import RuleTarget, controls_needed, unproven_verdict
 from proxy_addon.reconcile.decide import Found, ReadOutcome, read_verdict
@@ -162,10 +162,11 @@ class Reconciler:
     async def _verdict(self, receipt: ReceiptRecord) -> Verdict:
         policy = self.config.policy_for(receipt.host, receipt.port)
         # the rule for its route, or for its very call (an MCP tool, a GraphQL operation) when one names it
-        matched = match_rule(policy, receipt.method, receipt.path, call_name(receipt.operation))
+        matched = receipt_rule(policy, receipt.method, receipt.path, receipt.operation)
         op, params = matched if matched else (None, {})
         if op is None or op.reconcile is None:
             reason = f"no reconcile rule for {receipt.operation}" if op is None else f"rule {op.name} has no reconcile"
+            reason += f": {op.unreadable}" if op is not None and op.unreadable else ""
             return Verdict(State.MANUAL_REVIEW, {"lease_owner": None, "lease_expires_at": None}, {"reason": reason})
         rule = op.reconcile
         outcome = await read_outcome(self._strategies[rule.strategy], receipt, op, rule, params, policy)

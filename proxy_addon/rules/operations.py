@@ -10,7 +10,15 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from proxy_addon.rules.approvals import ApprovalSetting
-from proxy_addon.units import Duration, JsonPath, JsonPathField, PositiveDuration, StrictModel, compile_jsonpath
+from proxy_addon.units import (
+    AnswerFieldType,
+    Duration,
+    JsonPath,
+    JsonPathField,
+    PositiveDuration,
+    StrictModel,
+    compile_jsonpath,
+)
 
 MUTATING_METHODS = ("POST", "PUT", "PATCH", "DELETE")
 # -- any HTTP method token may be journaled (PURGE, MKCOL, ...), not only the four above: what the protocol seam reads --
@@ -49,6 +57,43 @@ class ControlSettings(StrictModel):
     """The verifier controls of a read rule (reconcile/controls.py): how fresh a proof a verdict needs."""
 
     max_age: PositiveDuration = 3600.0
+    # placeholders the negative probe keeps as they are: they name the collection (a table, a bucket), not the record
+    keep: list[str] = Field(default_factory=list)
+
+    @field_validator("keep")
+    @classmethod
+    def _known(cls, keep: list[str]) -> list[str]:
+        for name in keep:
+            if not known_placeholder(name):
+                raise ValueError(f"keep: {name!r} is not a placeholder (write it like body.TableName or path.bucket)")
+        return keep
+
+
+class AwsSigV4(StrictModel):
+    """Sign each read with AWS Signature Version 4 (reconcile/aws_sigv4.py), with the reconciler's credentials from
+    its environment; `region`: else the host's (`s3.eu-west-1.amazonaws.com`), else AWS_REGION, else us-east-1."""
+
+    service: str = Field(min_length=1)
+    region: str | None = None
+
+
+class CursorPaging(StrictModel):
+    """search: pages that hand a cursor rather than the next page's URL. The next page is the same read with the
+    cursor taken from the page (`value`: Stripe's last item's id `$.data[-1].id`, DynamoDB's `$.LastEvaluatedKey`)
+    put into its query (`into: query:starting_after`) or its JSON body (`into: body:ExclusiveStartKey`); `more`
+    (when given) is the page's flag that more pages follow. A page with no cursor, or `more` false, ends the list."""
+
+    value: JsonPathField
+    into: str
+    more: JsonPathField | None = None
+
+    @field_validator("into")
+    @classmethod
+    def _into(cls, into: str) -> str:
+        where, _, name = into.partition(":")
+        if where not in ("query", "body") or not name:
+            raise ValueError(f"into {into!r}: write query:NAME or body:NAME")
+        return into
 
 
 class ReconcileRule(StrictModel):
@@ -57,17 +102,23 @@ class ReconcileRule(StrictModel):
     url: str | None = None
     body: Any = None  # POST only: a JSON template; "{body.FIELD}" alone in a string is the field's JSON value
     headers: dict[str, str] = Field(default_factory=dict)
+    aws_sigv4: AwsSigV4 | None = None  # sign the read the AWS way (S3, DynamoDB), with the reconciler's own keys
     items: JsonPathField | None = None
     match: dict[str, str] = Field(default_factory=dict)
-    id: JsonPathField | None = None
+    # refuse: a request without one of the match fields goes to a person; skip: compare the ones it has (one at least)
+    match_when_missing: Literal["refuse", "skip"] = "refuse"
+    id: AnswerFieldType | None = None  # a JSON path, or header:NAME for a lookup
     settle: Duration = 0.0
     attempts: int = Field(default=3, ge=1, le=100)
     absent_means: Literal["safe_to_retry", "succeeded", "manual_review"] = "safe_to_retry"
     timeout: Duration = 10.0
     max_pages: int = Field(default=5, ge=1, le=100)
     next_page: JsonPathField | None = None  # search: where the next page's URL is in a page
-    time_field: JsonPathField | None = None  # search: a candidate's creation time, to bound the window
-    window: Duration = 3600.0  # search: candidates created this long before or after submission
+    cursor: CursorPaging | None = None  # search: or where its cursor is, and where the next read puts it
+    # search: a candidate's creation time, to bound the window; lookup: the resource's (a JSON path, or
+    # header:Last-Modified), which must lie within the window of the submission to be this write's
+    time_field: AnswerFieldType | None = None
+    window: Duration = 3600.0  # candidates created this long before or after submission
     controls: ControlSettings = ControlSettings()  # lookup and search: a verdict needs the rule proven to see
 
     @field_validator("url")
@@ -94,8 +145,14 @@ class ReconcileRule(StrictModel):
             raise ValueError(f"strategy {self.strategy} needs a url")
         if self.strategy == "search" and not self.match:
             raise ValueError("strategy search needs match (candidate field: request field)")
-        if self.method == "HEAD" and (self.strategy == "search" or self.match or self.id is not None):
-            raise ValueError("method HEAD reads no body: it cannot search, match or find an id (use GET)")
+        reads_body = [f.text for f in (self.id, self.time_field) if f is not None and f.header is None]
+        if self.method == "HEAD" and (self.strategy == "search" or self.match or reads_body):
+            raise ValueError("method HEAD reads no body: it cannot search, match or find a JSON path (use GET, or header:NAME)")
+        in_headers = [f.text for f in (self.id, self.time_field) if f is not None and f.header is not None]
+        if self.strategy == "search" and in_headers:
+            raise ValueError(f"search reads items: {in_headers[0]} must be a JSON path into an item")
+        if self.cursor is not None and (self.strategy != "search" or self.next_page is not None):
+            raise ValueError("cursor pages a search, instead of next_page")
         if self.body is not None and self.method != "POST":
             raise ValueError("body is sent only with method POST")
         return self
@@ -125,6 +182,8 @@ class OperationRule(StrictModel):
     read_methods: list[str] = Field(default_factory=list)  # JSON-RPC methods (globs) that are reads
     call: str | None = None  # only these calls (glob): an MCP tool name, a GraphQL operation, a JSON-RPC method
     approval: ApprovalSetting | None = None  # None: the host's; `required`: a person approves each intent first
+    # why this write cannot be read back (SQS SendMessage): its unknowns go to a person, with this reason
+    unreadable: str | None = None
 
     @field_validator("method")
     @classmethod
@@ -149,6 +208,8 @@ class OperationRule(StrictModel):
     @model_validator(mode="after")
     def _reconcile_consistent(self) -> "OperationRule":
         r = self.reconcile
+        if r is not None and self.unreadable is not None:
+            raise ValueError("a rule is either unreadable (for a person) or has a reconcile rule, not both")
         if r and r.absent_means == "safe_to_retry" and not self.retry_safe and r.strategy != "resend_with_key":
             # the default absent_means is only meaningful with retry_safe; without it absence goes to a person
             object.__setattr__(self, "reconcile", r.model_copy(update={"absent_means": "manual_review"}))
@@ -182,17 +243,20 @@ def template_placeholders(template: Any) -> list[str]:
 
 
 def compile_path_template(template: str) -> re.Pattern[str]:
-    """`/api/articles/{id}` -> a regex where each `{name}` matches exactly one path segment."""
-    parts = re.split(r"(\{[A-Za-z_][A-Za-z0-9_]*\})", template)
+    """`/api/articles/{id}` -> a regex where each `{name}` matches exactly one path segment, and `{name+}` (last
+    only) the rest of the path, slashes included (an S3 object's key)."""
+    parts = re.split(r"(\{[A-Za-z_][A-Za-z0-9_]*\+?\})", template)
     pattern = ""
     seen: set[str] = set()
     for part in parts:
         if part.startswith("{") and part.endswith("}"):
-            name = part[1:-1]
+            name, greedy = part[1:-1].rstrip("+"), part.endswith("+}")
             if name in seen:
                 raise ValueError(f"path template {template!r} repeats {{{name}}}")
+            if greedy and not template.endswith(part):
+                raise ValueError(f"path template {template!r}: {{{name}+}} must come last")
             seen.add(name)
-            pattern += f"(?P<{name}>[^/]+)"
+            pattern += f"(?P<{name}>.+)" if greedy else f"(?P<{name}>[^/]+)"
         else:
             if "{" in part or "}" in part:
                 raise ValueError(f"path template {template!r} has a malformed placeholder")

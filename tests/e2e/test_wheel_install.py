@@ -29,6 +29,7 @@ START_TIMEOUT = 60  # the proxy's start on a loaded two-core machine
 VERDICT_WAIT = 15  # the verdict commits while the answer travels (proxy.answer_first)
 MIGRATIONS = sorted(p.name for p in (REPO / "migrations" / "versions").glob("*.py"))
 TEMPLATES = sorted(p.name for p in (REPO / "proxy_addon" / "templates").glob("*.html"))
+PRESETS = sorted(p.name for p in (REPO / "proxy_addon" / "presets").glob("*.yaml"))
 
 # Run by the fresh venv's python from an empty directory: where its code, migrations and default config come from,
 # and the addon file loaded as `mitmdump -s` loads it.
@@ -82,6 +83,7 @@ def test_the_sdist_and_the_wheel_carry_what_the_commands_read(dists):
         scripts = archive.read(f"agent_receipts-{__version__}.dist-info/entry_points.txt").decode()
     assert {f"proxy_addon/migrations/versions/{m}" for m in MIGRATIONS} | {"proxy_addon/migrations/env.py"} <= names
     assert {f"proxy_addon/templates/{t}" for t in TEMPLATES} <= names
+    assert PRESETS and {f"proxy_addon/presets/{p}" for p in PRESETS} <= names  # `preset: NAME` reads them
     assert {"proxy_addon/config.example.yaml", "proxy_addon/addon.py", "proxy_addon/resources.py"} <= names
     assert not any(n.startswith(("migrations/", "tests/")) for n in names)  # nothing but proxy_addon at the top
     assert "receipts = proxy_addon.cli:main" in scripts

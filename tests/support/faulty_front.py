@@ -6,6 +6,8 @@ real server's whole answer (so the effect has happened), and then, by the fault'
 - `DELAY`: holds the answer for `delay` seconds, then sends it (past the SDK's read timeout);
 - `RESET`: resets the client's connection (SO_LINGER 0) without answering;
 - `ERROR_500`: answers 500 with an empty body (as a load balancer does) instead of the server's answer.
+`LOST` is the other ambiguity: the request never reaches the server (held for `delay` seconds, then the client's
+connection is reset), which the client cannot tell from a lost answer.
 With `next_second`, a reset or a 500 comes only once the wall clock has passed into the next second after the
 request arrived: an SDK that signs each attempt with a date to the second (SigV4's `X-Amz-Date`, Azure's
 `x-ms-date`) then signs its retry with another date, as any retry a second or more later is. Every other request
@@ -31,6 +33,7 @@ DELAY = "delay"
 RESET = "reset"
 ERROR_500 = "500"
 KINDS = (DELAY, RESET, ERROR_500)
+LOST = "lost"  # not in KINDS: the server never acts, so an SDK's retry is one write
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer", b"upgrade"}
 MAX_REQUEST = 64 * 1024 * 1024
 
@@ -106,7 +109,7 @@ class FaultyFront:
 
     def arm(self, kind: str, matches: Predicate, times: int = 1, delay: float = 2.0, next_second: bool = False) -> Fault:
         """The next `times` requests for which `matches(method, target, body)` holds get this fault."""
-        assert kind in KINDS, kind
+        assert kind in (*KINDS, LOST), kind
         fault = Fault(kind, matches, times, delay, next_second)
         with self._changed:
             self._faults.append(fault)
@@ -206,6 +209,13 @@ class FaultyFront:
         with self._changed:
             self._busy += 1
         try:
+            if fault is not None and fault.kind == LOST:
+                with self._changed:
+                    self.seen.append(Seen(method, target, tuple(headers), body, fault.kind))
+                    self._changed.notify_all()
+                self._stop.wait(fault.delay)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return False  # never forwarded; closed by _serve with an RST
             status, reason, answer_headers, answer = self._ask_server(method, target, request.headers, body)
             with self._changed:
                 self.seen.append(Seen(method, target, tuple(headers), body, fault.kind if fault else None))

@@ -114,3 +114,28 @@ def test_an_original_field_not_journaled_makes_matching_unreadable_not_false(ori
 def test_a_candidates_time_is_epoch_seconds_or_rfc_3339(value, when):
     got = parse_time(value)
     assert got == when and (got is None or got.tzinfo is not None)
+
+
+# -- what the presets need: form bodies as documents, `{key+}` paths, optional match fields ------------------------
+
+
+def test_a_form_body_is_a_document_with_its_bracketed_keys_nested():
+    from proxy_addon.reconcile.rules import form_document
+
+    pairs = [("email", "a@b"), ("metadata[order]", "7"), ("items[][price]", "p1"), ("items[][price]", "p2"), ("tags[]", "x")]
+    assert form_document(pairs) == {"email": "a@b", "metadata": {"order": "7"}, "items": [{"price": "p1"}, {"price": "p2"}], "tags": ["x"]}
+
+
+def test_a_greedy_path_placeholder_takes_the_rest_of_the_path():
+    from proxy_addon.rules.operations import compile_path_template
+
+    assert compile_path_template("/{object+}").match("/bucket/dir/a%20b.txt").group("object") == "bucket/dir/a%20b.txt"
+    with pytest.raises(ValueError, match="must come last"):
+        compile_path_template("/{a+}/{b}")
+
+
+def test_a_form_value_matches_the_number_the_server_answers_with():
+    from proxy_addon.reconcile.rules import same_value
+
+    assert same_value(2000, "2000") and same_value(True, "true") and not same_value(2001, "2000")
+    assert not same_value("2000", 2000.5)
