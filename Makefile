@@ -32,6 +32,7 @@ test: $(STAMP)
 	scripts/ensure-faketime
 	scripts/ensure-azurite
 	scripts/ensure-json-server
+	scripts/ensure-openapi-docs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)

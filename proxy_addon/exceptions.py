@@ -18,6 +18,10 @@ class DatabaseURLError(ConfigError):
     """The database URL cannot be used."""
 
 
+class OpenApiError(ReceiptsError):
+    """An OpenAPI document cannot be read, is not OpenAPI 3.x, or has a `$ref` that cannot be resolved."""
+
+
 class SchemaNotMigratedError(ReceiptsError):
     """The database has not been migrated to the schema this code needs (`receipts db upgrade`)."""
 

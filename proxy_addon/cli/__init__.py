@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from proxy_addon import __version__
 from proxy_addon.cli import approvals, audit, proxy, receipts, rules
 from proxy_addon.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Adder, Commands, UsageParser
-from proxy_addon.exceptions import ConfigError, InvalidResolutionError, ReceiptsError
+from proxy_addon.exceptions import ConfigError, InvalidResolutionError, OpenApiError, ReceiptsError
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except (ConfigError, InvalidResolutionError) as e:
+    except (ConfigError, InvalidResolutionError, OpenApiError) as e:
         print(f"receipts: {e}", file=sys.stderr)
         return EXIT_USAGE
     except ReceiptsError as e:

@@ -116,7 +116,7 @@ class Retention:
         cutoff = utcnow() - older_than
         pruned = Pruned()
         which = _old_terminal(cutoff, hosts)
-        total = self._count(which)
+        total = self._count(which) if progress is not None else 0  # a progress bar's; a read of them all
         for deleted in self._batches(which, pause, stop):
             pruned.receipts += deleted
             pruned.batches += 1
@@ -142,7 +142,9 @@ class Retention:
 
     def _count(self, which: ColumnElement[bool]) -> int:
         with self.db.storage_errors(), self.db.reading() as conn:
-            return int(conn.execute(select(func.count()).where(which)).scalar_one())
+            count = select(func.count()).select_from(receipts).where(which)
+            hinted = count.with_hint(receipts, "INDEXED BY ix_receipts_terminal_completed_at", dialect_name="sqlite")
+            return int(conn.execute(hinted).scalar_one())
 
     def _batches(self, which: ColumnElement[bool], pause: float, stop: Callable[[], bool]) -> Iterator[int]:
         """Delete the receipts `which` selects, the oldest first, in batches sized to hold the journal's write lock
@@ -153,7 +155,7 @@ class Retention:
         while not stop():
             with self.db.writing() as conn:
                 held = time.monotonic()  # the journal's write lock is this batch's from here (SQLite) to its commit
-                ids = select(receipts.c.operation_id).where(which).order_by(receipts.c.completed_at).limit(size)
+                ids = _oldest_first(select(receipts.c.operation_id).where(which)).limit(size)
                 chosen = list(conn.execute(ids).scalars())
                 if not chosen:
                     return
@@ -218,6 +220,15 @@ def _old_terminal(cutoff: datetime, hosts: "Hosts" = None) -> ColumnElement[bool
         return old
     only, names = hosts
     return and_(old, receipts.c.host.in_(names) if only else receipts.c.host.not_in(names))
+
+
+def _oldest_first(query: Select[Any]) -> Select[Any]:
+    """The terminal receipts in order of completion, read from their partial index. SQLite's planner, with no
+    statistics (a deployed journal has none), prefers `ix_receipts_state_seq` for the `state IN (...)` term and
+    then sorts every terminal receipt per batch (0.5 s a batch at 200,000 receipts, 1.4 s at a million, with the
+    journal's write lock held); it is told which index to read."""
+    ordered = query.order_by(receipts.c.completed_at)
+    return ordered.with_hint(receipts, "INDEXED BY ix_receipts_terminal_completed_at", dialect_name="sqlite")
 
 
 def prune_by_retention(retention: Retention, settings: RetentionSettings, stop: Callable[[], bool]) -> Pruned:

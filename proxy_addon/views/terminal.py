@@ -57,11 +57,11 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], lin
 
 
 @contextmanager
-def progress_bar(what: str, enabled: bool = True) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar on a terminal (stderr), advanced by the callback it yields (`done`, `total`); nothing when
-    not a terminal or not `enabled` (a script reading --json)."""
+def progress_bar(what: str, enabled: bool = True) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on a terminal (stderr), advanced by the callback it yields (`done`, `total`); None when
+    not a terminal or not `enabled` (a script reading --json), so that nothing is counted for it."""
     if not enabled or not sys.stderr.isatty():
-        yield lambda done, total: None
+        yield None
         return
     from rich.console import Console
     from rich.progress import Progress

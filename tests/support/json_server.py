@@ -45,8 +45,8 @@ class JsonServer:
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def post(self, document: dict[str, Any]) -> dict[str, Any]:
-        r = httpx.post(f"{self.base}/posts", json=document, timeout=10, trust_env=False)
+    def post(self, document: dict[str, Any], path: str = "/posts") -> dict[str, Any]:
+        r = httpx.post(f"{self.base}{path}", json=document, timeout=10, trust_env=False)
         assert r.status_code == 201, r.text
         return r.json()
 
@@ -105,13 +105,13 @@ class Writes:
     def __init__(self, server: JsonServer, store: ReceiptStore, config: ReceiptsConfig):
         self.server, self.store, self.config = server, store, config
 
-    def journaled(self, document: dict[str, Any]) -> str:
+    def journaled(self, document: dict[str, Any], path: str = "/posts") -> str:
         """The receipt the proxy writes (`submitted`) before it sends the write."""
         policy = self.config.policy_for("127.0.0.1", self.server.port)
         body = json.dumps(document).encode()
         headers = [("content-type", "application/json")]
-        facts = RequestFacts("POST", "http", "127.0.0.1", self.server.port, "/posts", [], headers, "application/json",
-                             body, url=f"{self.server.base}/posts")  # fmt: skip
+        facts = RequestFacts("POST", "http", "127.0.0.1", self.server.port, path, [], headers, "application/json",
+                             body, url=f"{self.server.base}{path}")  # fmt: skip
         hasher = AccountHasher(load_or_create_key(self.config.secret_file))
         operation_id = new_operation_id()
         intent, _ = build_intent(facts, policy, hasher, AS_IF_PROXY, self.config.proxy.max_stored_body, None, operation_id)
@@ -127,11 +127,11 @@ class Writes:
         )
         return op
 
-    def unknown(self, document: dict[str, Any], committed: bool) -> str:
+    def unknown(self, document: dict[str, Any], committed: bool, path: str = "/posts") -> str:
         """A write whose answer never came: the server committed it, or never saw it."""
-        op = self.journaled(document)
+        op = self.journaled(document, path)
         if committed:
-            self.server.post(document)
+            self.server.post(document, path)
         self.store.receipts.transition(
             op, State.SUBMITTED, State.OUTCOME_UNKNOWN, {"who": AS_IF_PROXY, "end": "upstream_timeout"},
             error_code="upstream_timeout",

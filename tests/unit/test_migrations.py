@@ -8,6 +8,7 @@ from sqlalchemy import inspect, text
 from support.store import intent
 
 from proxy_addon.db import (
+    SCHEMA_HEAD,
     alembic_config,
     check_schema,
     head_revision,
@@ -62,6 +63,10 @@ def test_downgrade_to_base_then_upgrade_again(migrated_url):
     command.upgrade(cfg, "head")  # already at head: nothing to do
     assert tables(migrated_url) == TABLES
     assert schema_diff(migrated_url) == []
+
+
+def test_the_schema_head_every_command_checks_is_alembics_head():
+    assert head_revision() == SCHEMA_HEAD
 
 
 def test_check_schema_refuses_an_unmigrated_database(db_url):
