@@ -1,6 +1,7 @@
 -- The questions an ops dashboard asks of the receipts database, one query each.
 -- Every query runs unchanged on SQLite and PostgreSQL (tests/test_views.py runs them all on both): the views
--- of migration 0002 compute ages (age_seconds), UTC days ('YYYY-MM-DD') and days_ago per dialect.
+-- of migrations 0002 and 0010 compute ages (age_seconds), UTC days ('YYYY-MM-DD') and days_ago per dialect.
+-- `agent` is the name an agent gave with proxy authentication (config `agents:`), null for an anonymous one.
 -- "Unknown" means the outcome is not known yet: outcome_unknown, reconciling or manual_review.
 -- Each question is the comment line just above its query.
 
@@ -61,3 +62,11 @@ FROM receipts
 WHERE state IN ('succeeded', 'rejected', 'safe_to_retry')
 GROUP BY operation
 ORDER BY settled DESC, operation;
+
+-- What did each agent write in the last 24 hours, by operation and state?
+SELECT COALESCE(agent, 'anonymous') AS agent, operation, state, COUNT(*) AS receipts,
+       MIN(created_at) AS first_at, MAX(created_at) AS last_at
+FROM v_agent_activity
+WHERE age_seconds < 86400
+GROUP BY COALESCE(agent, 'anonymous'), operation, state
+ORDER BY agent, operation, state;

@@ -4,7 +4,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from proxy_addon.db import make_engine, resolve_database_url
-from proxy_addon.store.tables import Base
+from proxy_addon.journal.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -8,13 +8,14 @@ deploy/prometheus/alerts.yml and deploy/grafana/ use these names; tests/e2e/test
 one they use is served.
 """
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from proxy_addon.agents.tokens import ANONYMOUS_AGENT, OTHER_AGENT
 from proxy_addon.exceptions import ReceiptsError
 from proxy_addon.rules.records import JournalStats
 from proxy_addon.rules.states import OPEN_STATES, RefusalReason, State
@@ -104,6 +105,14 @@ JOURNAL_UNAVAILABLE = Counter(
     ["action"],
     registry=REGISTRY,
 )
+AGENT_JOURNALED = Counter(
+    "receipts_agent_journaled",
+    "Writes this process journaled (a new receipt, committed before the write went upstream), by agent: a name "
+    "of config `agents:`, `anonymous` (no proxy authentication), or `other` (a name not configured, such as "
+    "one from mitmproxy's own `proxyauth` option), so that the label's values stay as few as the agents.",
+    ["agent"],
+    registry=REGISTRY,
+)
 
 WRITER_STARTS = Counter(
     "receipts_journal_writer_starts",
@@ -153,6 +162,8 @@ for _r in RefusalReason:
     DUPLICATES.labels(_r.value)
 for _s in (State.SUCCEEDED, State.SAFE_TO_RETRY, State.MANUAL_REVIEW, State.OUTCOME_UNKNOWN):
     RECONCILE_VERDICTS.labels(_s.value)
+_OTHER_AGENT = AGENT_JOURNALED.labels(OTHER_AGENT)
+_AGENTS_JOURNALED: dict[str | None, Counter] = {None: AGENT_JOURNALED.labels(ANONYMOUS_AGENT)}  # name_agents
 
 
 def transitioned(to_state: State | str) -> None:
@@ -171,6 +182,19 @@ def reconcile_verdict(state: State | str) -> None:
 
 def journaled(seconds: float) -> None:
     JOURNAL_SECONDS.observe(seconds)
+
+
+def name_agents(names: Iterable[str]) -> None:
+    """The configured agents (config `agents:`): each its own series, at 0 from the start; any other name counts
+    as `other`. Replaced whole, so that the hot path reads it without a lock."""
+    global _AGENTS_JOURNALED
+    _AGENTS_JOURNALED = {None: _AGENTS_JOURNALED[None], **{name: AGENT_JOURNALED.labels(name) for name in names}}
+
+
+def agent_journaled(agent: str | None) -> None:
+    """A write journaled for this agent (None: an anonymous one)."""
+    series = _AGENTS_JOURNALED.get(agent)
+    (series if series is not None else _OTHER_AGENT).inc()
 
 
 def verdict_committed(seconds: float, answered_first: bool) -> None:
@@ -307,6 +331,7 @@ def registry_for(reads: StoreReads | JournalStatsReader | None) -> CollectorRegi
         JOURNAL_SECONDS,
         VERDICT_SECONDS,
         PRUNED,
+        AGENT_JOURNALED,
         REUSED_CONNECTION_UNKNOWNS,
         WRITES,
         JOURNAL_UNAVAILABLE,

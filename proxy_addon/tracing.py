@@ -17,7 +17,7 @@ rules/redaction.py's, and none of it is read here.
 import os
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from proxy_addon.log import get_logger
 from proxy_addon.rules.redaction import scrub_text
@@ -25,8 +25,8 @@ from proxy_addon.rules.redaction import scrub_text
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-    from proxy_addon.request.facts import RequestFacts
-    from proxy_addon.request.handler import Handled
+    from proxy_addon.protocols.facts import RequestFacts
+    from proxy_addon.rules.answers import Answer
     from proxy_addon.rules.records import ReceiptRecord, TransitionRecord
 
 log = get_logger("receipts.tracing")
@@ -96,10 +96,23 @@ def shut_down() -> None:
     provider.shutdown()  # flushes every BatchSpanProcessor first
 
 
+class WriteOutcome(Protocol):
+    """What became of a write, as the span tells it (request/handled.py's Handled): the answer the agent got (None:
+    forwarded without a receipt) and the handler's note (operation_id, state, refused, approval_id, fail_open)."""
+
+    @property
+    def answer(self) -> "Answer | None": ...
+
+    @property
+    def note(self) -> dict[str, Any]: ...
+
+
 # -- the write span -------------------------------------------------------------------------------------------
 
 
-async def traced_write(facts: "RequestFacts", handle: Callable[["RequestFacts"], Awaitable["Handled"]]) -> "Handled":
+async def traced_write[Outcome: WriteOutcome](
+    facts: "RequestFacts", handle: Callable[["RequestFacts"], Awaitable[Outcome]]
+) -> Outcome:
     """`handle(facts)` inside the write's span, a child of the agent's `traceparent`, current while it runs."""
     from opentelemetry import context, trace
 
@@ -175,13 +188,15 @@ def _request_attributes(facts: "RequestFacts") -> dict[str, Any]:
         "url.path": scrub_text(facts.path),
         "receipts.protocol": facts.call.protocol,
     }
+    if facts.agent is not None:  # its name (agents/identity.py), never its token
+        attributes["gen_ai.agent.name"] = facts.agent
     tool = getattr(facts.call, "tool", None)
     if tool:
         attributes.update({"gen_ai.operation.name": MCP_TOOL_SPAN, "gen_ai.tool.name": tool, "mcp.method.name": "tools/call"})
     return attributes
 
 
-def _outcome_attributes(outcome: "Handled") -> dict[str, Any]:
+def _outcome_attributes(outcome: WriteOutcome) -> dict[str, Any]:
     """What became of it: the receipt, its state, whether refused or replayed, and the status the agent got."""
     note = outcome.note
     reason = note.get("refused")
@@ -222,6 +237,8 @@ def verdict_span(receipt: "ReceiptRecord", history: Sequence["TransitionRecord"]
         "server.port": receipt.port,
         "url.path": scrub_text(receipt.path),
     }
+    if receipt.agent is not None:  # the agent whose write it settles
+        attributes["gen_ai.agent.name"] = receipt.agent
     name = f"receipts reconcile {scrub_text(receipt.operation)}"
     root = Context()  # a trace of its own: it happens long after the agent's, which its link leads to
     kind = trace.SpanKind.INTERNAL

@@ -1,6 +1,6 @@
 """The growth scenario's history: synthetic terminal receipts, bulk-inserted before the proxy starts.
 
-The inserts are built from the models' tables, so the receipt's shape is defined once (proxy_addon/store/tables.py)
+The inserts are built from the models' tables, so the receipt's shape is defined once (proxy_addon/journal/tables.py)
 and the columns not named here get the models' defaults. Receipts go in with executemany; their three
 transitions each are copied from the inserted receipts by one INSERT ... SELECT per batch, because three
 more Python rows per receipt made seeding take about 1.5 times as long.
@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, Insert, event, insert, literal, null, select, union_all
 
 from proxy_addon.db import make_engine
-from proxy_addon.store.tables import Receipt, ReceiptTransition
+from proxy_addon.journal.tables import Receipt, ReceiptTransition
 
 BATCH_ROWS = 10_000
 SEED_DETAIL = {"who": "bench-seed"}
@@ -121,7 +121,7 @@ def seed_rows(numbers: range, n: int, upstream_port: int, now: datetime) -> list
                 "request_body_size": len(body),
                 "response_headers": RESPONSE_HEADERS,
                 "response_body": b'{"id":%d}' % g,
-                "seq": g + 1,  # the journal's order (store/tables.py): the oldest first
+                "seq": g + 1,  # the journal's order (journal/tables.py): the oldest first
             }
         )
     return receipts

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.* and its proxy_addon
 
 from proxy_addon.audit import chain
-from proxy_addon.journal import writes
+from proxy_addon.journal import rows, writes
 from proxy_addon.journal.messages import Advance, Done, Record
 from proxy_addon.journal.writer import JournalWriter
 from proxy_addon.rules.records import Intent, utcnow
@@ -83,13 +83,13 @@ def writer_cpu(url: str, n: int, batch: int) -> float:
 @contextmanager
 def without_chain() -> Iterator[None]:
     """The writes' two hash functions replaced by a constant, for the same writes' cost without the chain."""
-    saved = writes.genesis, writes.row_hash
+    saved = writes.genesis, rows.genesis, rows.row_hash
     constant: Callable[..., str] = lambda *_a, **_k: "sha256:" + "0" * 64  # noqa: E731
-    writes.genesis, writes.row_hash = constant, constant  # type: ignore[assignment]
+    writes.genesis, rows.genesis, rows.row_hash = constant, constant, constant  # type: ignore[assignment]
     try:
         yield
     finally:
-        writes.genesis, writes.row_hash = saved
+        writes.genesis, rows.genesis, rows.row_hash = saved
 
 
 @contextmanager

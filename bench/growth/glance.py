@@ -32,10 +32,10 @@ from bench.core.seeding import seed, seed_rows
 from proxy_addon.admin.app import create_app
 from proxy_addon.config import parse_config
 from proxy_addon.db import make_engine
+from proxy_addon.journal.tables import Approval, ProxyInstance, Receipt
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.overview import RECENT_ROWS, edges_statement, recent_statement
 from proxy_addon.store.retention import oldest_statement
-from proxy_addon.store.tables import Approval, ProxyInstance, Receipt
 
 MARK = "bench-glance"
 OPEN_MIX = (("outcome_unknown", 6), ("manual_review", 3), ("submitted", 1))  # of every 10 open receipts

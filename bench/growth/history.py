@@ -7,7 +7,7 @@ the replay window, a tenth `rejected`; the oldest ~ a year old.
 
 At ten million receipts, inserting into a table with its dozen indexes costs most of the seeding's time. The
 indexes (all but the journal order's, which the history rows are copied by) are dropped first and built again
-afterwards, from the models' own definitions (proxy_addon/store/tables.py), as a restore would; then the kept
+afterwards, from the models' own definitions (proxy_addon/journal/tables.py), as a restore would; then the kept
 counts (receipt_counts, which the triggers kept row by row) are folded, and PostgreSQL is `VACUUM ANALYZE`d
 as autovacuum would have done (this machine's server runs with autovacuum off). SQLite gets no ANALYZE: a
 deployed journal has none unless someone runs it.
@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy import Engine, Index, and_, insert, literal, null, select, text, union_all
 
 from bench.core.seeding import RESPONSE_HEADERS, SEED_DETAIL, seeding_engine
+from proxy_addon.journal.tables import Receipt, ReceiptTransition
 from proxy_addon.store import ReceiptStore
-from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 BATCH = 20_000
 OPEN_UNKNOWNS = 5_000

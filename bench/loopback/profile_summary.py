@@ -31,7 +31,7 @@ COMPONENTS: list[tuple[str, tuple[str, ...]]] = [
     ("receipts: rules/intent.py, rules/verdicts.py, rules/duplicates.py", ("proxy_addon/rules/intent.py", "proxy_addon/rules/verdicts.py", "proxy_addon/rules/duplicates.py")),
     ("receipts: store/", ("proxy_addon/store/",)),
     ("receipts: request/sender.py", ("proxy_addon/request/sender.py",)),
-    ("receipts: addons/receipts.py, request/handler.py, request/answers.py", ("proxy_addon/addons/receipts.py", "proxy_addon/request/handler.py", "proxy_addon/request/answers.py")),
+    ("receipts: addons/receipts.py, request/handler.py, rules/answers.py", ("proxy_addon/addons/receipts.py", "proxy_addon/request/handler.py", "proxy_addon/rules/answers.py")),
     ("receipts: rules/account.py", ("proxy_addon/rules/account.py",)),
     ("receipts: recovery.py (heartbeat)", ("proxy_addon/recovery.py",)),
     ("receipts: db.py", ("proxy_addon/db.py",)),

@@ -56,9 +56,9 @@ async def on_run(writes: int) -> tuple[float, float, float]:
     """Per write, in µs: the time on the event loop, the event loop thread's CPU, and this process's CPU (the
     exporter thread's included, after the final flush)."""
     from proxy_addon import tracing
-    from proxy_addon.request.answers import answer
-    from proxy_addon.request.facts import RequestFacts
+    from proxy_addon.protocols.facts import RequestFacts
     from proxy_addon.request.handler import Handled
+    from proxy_addon.rules.answers import answer
 
     done = answer(201, b'{"id": 1}', {"Content-Type": "application/json"})
 

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from proxy_addon.audit.chain import Identity, chained, genesis
-from proxy_addon.store.tables import UTCDateTime
+from proxy_addon.journal.tables import UTCDateTime
 
 revision: str = '0005'
 down_revision: str | None = '0004'

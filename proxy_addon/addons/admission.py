@@ -8,8 +8,7 @@
 - **Body too large** (413 `body-too-large`): a journaled request whose body is over `proxy.max_body`;
   request/bodylimit.py keeps mitmproxy from holding it in memory.
 - **Bad in itself** (400 `bad-request`): a journaled request the upstream protocol would not carry (a header
-  name or value HTTP/1.1 forbids, a target that is not ASCII, ...): named, never with the value, since it
-  may be a secret. Nothing is journaled for it: it could not be sent.
+  name or value HTTP/1.1 forbids, a target that is not ASCII, ...): request/wellformed.py.
 
 The Admission addon runs the first two from mitmproxy's `http_connect` and `requestheaders` hooks, which
 come before every addon's `request` hook; `refusal` is what the journal addon asks before journaling.
@@ -20,21 +19,19 @@ import ipaddress
 import socket
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
-import h11
 from mitmproxy import ctx, http
 
 from proxy_addon.log import get_logger
-from proxy_addon.request import answers, bodylimit
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.facts import RequestFacts
-from proxy_addon.request.sender import HOP_BY_HOP
+from proxy_addon.protocols.facts import RequestFacts
+from proxy_addon.request import bodylimit
+from proxy_addon.request.wellformed import bad_request
+from proxy_addon.rules import answers
+from proxy_addon.rules.answers import Answer
 
 log = get_logger("receipts.proxy")
 
 METADATA_KEY = "receipts"
-_HOP_BY_HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
 _WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
 
 
@@ -106,56 +103,6 @@ async def _addresses(name: str, port: int, resolve: Callable[..., Any] | None) -
     return [str(info[4][0]) for info in infos]
 
 
-# -- a request bad in itself ------------------------------------------------------------------------------
-
-
-def bad_request(facts: RequestFacts) -> str | None:
-    """Why this journaled request cannot be sent upstream as HTTP/1.1, naming the part (never a header's value),
-    or None. It checks what the sender would send: the method, the target and every header it forwards."""
-    parts = urlsplit(facts.url)
-    if parts.scheme.lower() not in ("http", "https"):
-        return f"the URL scheme {parts.scheme[:16]!r} is not http or https"
-    if not parts.hostname:
-        return "the URL names no host"
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    try:
-        target_bytes = target.encode("ascii", "strict")
-    except UnicodeEncodeError:
-        return "the request target (path or query) is not ASCII; percent-encode it"
-    method = facts.method.encode("ascii", "replace")
-    forwarded = [(name, value) for name, value in facts.raw_headers if name.lower() not in _HOP_BY_HOP_BYTES]
-    if _valid_together(method, target_bytes, forwarded):
-        return None  # what h11 checks of each part alone it checks here: none of them is refused alone
-    try:
-        h11.Request(method=method, target=target_bytes, headers=[(b"host", b"h")])
-    except h11.LocalProtocolError:
-        return "the method or the request target has characters HTTP/1.1 does not allow"
-    for name, value in forwarded:
-        fields = [(name, value)] if name.lower() == b"host" else [(b"host", b"h"), (name, value)]
-        try:
-            h11.Request(method=b"POST", target=b"/", headers=fields)
-        except h11.LocalProtocolError:
-            return f"the header {_shown(name)} has a name or value HTTP/1.1 does not allow (control characters?)"
-    return None
-
-
-def _valid_together(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bool:
-    """Whether h11 takes the method, the target and all these headers in one request: one check for the usual
-    request, where one per part costs a request object each. False may also mean headers refused only together
-    (two Host headers, conflicting Content-Lengths): the caller then checks each part alone, and names it."""
-    fields = headers if any(name.lower() == b"host" for name, _ in headers) else [(b"host", b"h"), *headers]
-    try:
-        h11.Request(method=method, target=target, headers=fields)
-    except h11.LocalProtocolError:
-        return False
-    return True
-
-
-def _shown(name: bytes) -> str:
-    text = name.decode("latin-1")
-    return repr(text[:64]) if text.isprintable() else ascii(text[:64])
-
-
 def refusal(flow: http.HTTPFlow, facts: RequestFacts, max_body: int) -> tuple[Answer, str] | None:
     """For the journal addon, before journaling: the answer to a request refused for what it is, and why."""
     size = bodylimit.over_limit(flow, max_body)
@@ -211,6 +158,10 @@ class Admission:
         if config is None or not self.journal.journals(flow):
             return None
         return int(config.proxy.max_body)
+
+    async def forbidden(self, host: str, port: int) -> str | None:
+        """What of the proxy's own `host:port` is (the answer's words), or None (the agent API's check asks)."""
+        return await self._own().forbidden(host, port)
 
     async def _refuse_own(self, flow: http.HTTPFlow) -> bool:
         what = await self._own().forbidden(flow.request.host, flow.request.port)

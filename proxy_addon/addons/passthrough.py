@@ -27,12 +27,13 @@ from mitmproxy import ctx, exceptions, http
 from mitmproxy.net.http.http1 import expected_http_body_size
 from mitmproxy.utils import human
 
+from proxy_addon.addons.agent_api import answered_here
 from proxy_addon.addons.state import ReceiptsState
 from proxy_addon.config import ReceiptsConfig
 from proxy_addon.log import get_logger
 from proxy_addon.protocols import routing
 from proxy_addon.protocols.base import Route
-from proxy_addon.request.facts import RequestFacts
+from proxy_addon.protocols.facts import RequestFacts
 
 log = get_logger("receipts.proxy")
 
@@ -67,6 +68,8 @@ class Passthrough:
         config = self.journal.config
         if flow.response or flow.error or not flow.live or config is None or self.journal.handler is None:
             return
+        if answered_here(flow):
+            return  # the agent API's: read whole, answered by the proxy itself
         where = route_of(config, flow)
         if where.journal:
             return  # read whole: the handler journals it, then sends it itself, once
@@ -104,7 +107,7 @@ class StreamLargeBodies:
                 self._taking_over = False
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        if self.limit is None or flow.response or flow.error or self.journal.journals(flow):
+        if self.limit is None or flow.response or flow.error or self.journal.journals(flow) or answered_here(flow):
             return
         if _past(self.limit, flow.request):
             flow.request.stream = True

@@ -4,9 +4,11 @@ Load them with `receipts proxy`, or into a plain mitmproxy:
     mitmdump -s proxy_addon/addon.py --set receipts_config=config.yaml
 
 `Receipts` sets up the journal from its options and hands each journaled request to the handler
-(request/handler.py). Beside it, each in its module of this package and each its own concern: `Admission`
-(requests to the proxy itself, bodies over proxy.max_body), `Passthrough` and `StreamLargeBodies` (stream what is
-not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`, `InProxyAdmin`. What
+(request/handler.py). Beside it, each in its module and each its own concern: `AgentAuth` (which agent is
+asking: addons/agent_auth.py), `AgentAPI` (the agent's own receipts, answered by the proxy at its reserved host),
+`Admission` (requests to the proxy itself, bodies over proxy.max_body), `Passthrough` and `StreamLargeBodies`
+(stream what is not journaled), `Heartbeat` (this instance's liveness and recovery), `InProxyReconciler`,
+`InProxyAdmin`. What
 they share of this addon's state is the `ReceiptsState` protocol (state.py).
 """
 
@@ -26,24 +28,30 @@ from mitmproxy.connection import ConnectionState
 from proxy_addon import metrics, tracing
 from proxy_addon.addons import admission
 from proxy_addon.addons.admin import InProxyAdmin
+from proxy_addon.addons.agent_api import AgentAPI, answered_here
+from proxy_addon.addons.agent_auth import AgentAuth
 from proxy_addon.addons.heartbeat import Heartbeat
 from proxy_addon.addons.housekeeping import Housekeeping
 from proxy_addon.addons.passthrough import Passthrough, StreamLargeBodies, mark_passing, recognised, route_of
 from proxy_addon.addons.reconciler import InProxyReconciler
+from proxy_addon.agents.identity import agent_of
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import check_schema, database_wait, make_engine, resolve_database_url
 from proxy_addon.exceptions import ReceiptsError
-from proxy_addon.journal.client import JournalClient, WriterLink, WriterProcess
+from proxy_addon.journal.client import JournalClient
+from proxy_addon.journal.links import WriterLink, WriterProcess
 from proxy_addon.journal.messages import Setup
+from proxy_addon.keyfiles import load_or_create_key
 from proxy_addon.log import configure_logging, get_logger, scrub_standard_logging
+from proxy_addon.protocols.facts import RequestFacts, split_query
 from proxy_addon.protocols.rest import REST
 from proxy_addon.recovery import new_instance_id
-from proxy_addon.request import answers, bodylimit
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.facts import RequestFacts, split_query
+from proxy_addon.request import bodylimit
 from proxy_addon.request.handler import ALIVE, Liveness, WriteHandler
 from proxy_addon.request.sender import TLSSettings, UpstreamSender
-from proxy_addon.rules.account import AccountHasher, load_or_create_key
+from proxy_addon.rules import answers
+from proxy_addon.rules.account import AccountHasher
+from proxy_addon.rules.answers import Answer
 from proxy_addon.store import ReceiptStore
 
 log = get_logger("receipts.proxy")
@@ -177,7 +185,12 @@ class Receipts:
     def journals(self, flow: http.HTTPFlow) -> bool:
         """Whether this request may be journaled, from its head (method, host, rule: protocols/routing.py); its
         protocol may still find it a read once its body is in. Else it passes through, streamed."""
-        return self.handler is not None and self.config is not None and route_of(self.config, flow).journal
+        return (
+            self.handler is not None
+            and self.config is not None
+            and not answered_here(flow)  # the agent API's: answered by the proxy itself
+            and route_of(self.config, flow).journal
+        )
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live or not self.journals(flow):
@@ -235,6 +248,7 @@ def request_facts(flow: http.HTTPFlow, max_body: int = bodylimit.NO_LIMIT) -> Re
         raw_headers=tuple(req.headers.fields),
         raw_body=req.raw_content or b"",
         client_gone=lambda: not flow.client_conn.state & ConnectionState.CAN_READ,
+        agent=agent_of(flow),
     )
 
 
@@ -268,9 +282,12 @@ def make_addons() -> list[Any]:
     """The journal addon and the ones that run beside it, in the order mitmproxy must call them."""
     journal = Receipts()
     admin = InProxyAdmin(journal)
+    admits = admission.Admission(journal, admin, to_response)
     return [
         journal,
-        admission.Admission(journal, admin, to_response),  # before Passthrough: what it refuses is never streamed
+        AgentAuth(journal),  # before every other hook of ours: a request refused 407 is neither journaled nor forwarded
+        AgentAPI(journal, admits.forbidden),  # before Admission and Passthrough: what it answers is none of theirs
+        admits,  # before Passthrough: what it refuses is never streamed
         Passthrough(journal),
         StreamLargeBodies(journal),
         Heartbeat(journal),

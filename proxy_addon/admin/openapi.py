@@ -6,17 +6,16 @@ drift from what the server serves.
 """
 
 import re
-from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any
 
 from flask import Flask
-from pydantic import BaseModel, TypeAdapter
 from werkzeug.routing import Rule
 
 from proxy_addon.admin.guards import ANSWERS
 from proxy_addon.admin.routing import Operation, Param, Reply, declared_routes
+from proxy_addon.views import schemas
 
-REF = "#/components/schemas/{model}"
 # the schemas' names in the document, where the model's own name is not the one clients know
 SCHEMA_NAMES = {
     "ReceiptView": "Receipt",
@@ -37,52 +36,13 @@ INFO = {
         "`Authorization: Bearer <token>`. Times are UTC, RFC 3339."
     ),
 }
-Mode = Literal["validation", "serialization"]
 
 
-def _component(name: str) -> str:
-    return SCHEMA_NAMES.get(name, name)
-
-
-def _clean(schema: Any) -> Any:
-    """A generated schema without pydantic's `title`s (the names are the components' own), its references
-    under the components' names."""
-    if isinstance(schema, list):
-        return [_clean(v) for v in schema]
-    if not isinstance(schema, dict):
-        return schema
-    cleaned = {k: _clean(v) for k, v in schema.items() if not (k == "title" and isinstance(v, str))}
-    ref = cleaned.get("$ref")
-    if isinstance(ref, str) and ref.startswith(REF.format(model="")):
-        cleaned["$ref"] = REF.format(model=_component(ref.rsplit("/", 1)[1]))
-    return cleaned
-
-
-class Components:
-    """The schemas the operations refer to, generated from their types as the operations name them."""
+class Components(schemas.Components):
+    """The admin API's schemas, under the names its clients know."""
 
     def __init__(self) -> None:
-        self.schemas: dict[str, Any] = {}
-
-    def _add(self, name: str, schema: Any) -> None:
-        name, schema = _component(name), _clean(schema)
-        if self.schemas.setdefault(name, schema) != schema:
-            raise ValueError(f"two different schemas named {name}")
-
-    def schema_of(self, body: Any, mode: Mode) -> dict[str, Any]:
-        """A JSON schema as it is, a model as a reference to its component, any other type inline."""
-        if isinstance(body, Mapping):
-            return dict(body)
-        if isinstance(body, type) and issubclass(body, BaseModel):
-            generated = body.model_json_schema(ref_template=REF, mode=mode)
-            for name, schema in generated.pop("$defs", {}).items():
-                self._add(name, schema)
-            self._add(body.__name__, generated)
-            return {"$ref": REF.format(model=_component(body.__name__))}
-        generated = TypeAdapter(body).json_schema(ref_template=REF, mode=mode)
-        for name, schema in generated.pop("$defs", {}).items():
-            self._add(name, schema)
-        return _clean(generated)
+        super().__init__(SCHEMA_NAMES)
 
 
 def openapi_path(rule: Rule) -> str:

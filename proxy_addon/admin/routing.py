@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from proxy_addon.admin.sessions import Login
 from proxy_addon.admin.views import ProblemView
 from proxy_addon.config import AdminSettings, ReceiptsConfig
-from proxy_addon.request.answers import PROBLEM_CONTENT_TYPE
+from proxy_addon.rules.answers import PROBLEM_CONTENT_TYPE
 from proxy_addon.store import ReceiptStore
 
 View = Callable[..., Any]

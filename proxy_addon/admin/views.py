@@ -18,8 +18,8 @@ from proxy_addon.exceptions import (
     ReceiptsError,
     StaleStateError,
 )
-from proxy_addon.request.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
-from proxy_addon.rules.records import ReceiptRecord
+from proxy_addon.rules.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE
+from proxy_addon.rules.records import ANY_AGENT, AgentFilter, ReceiptRecord
 from proxy_addon.store import ReceiptStore
 from proxy_addon.units import parse_duration
 from proxy_addon.views import documents, journaled
@@ -128,14 +128,25 @@ def list_filters(default_state: str | None) -> tuple[list[str] | None, documents
     return states, host_arg(args), older_than, limit
 
 
+def agent_arg(args: MultiDict[str, str]) -> AgentFilter:
+    """`agent`: an agent's name, or `anonymous`; absent or empty: every agent's."""
+    if not args.get("agent", "").strip():
+        return ANY_AGENT
+    try:
+        return documents.parse_agent_filter(args["agent"])
+    except ValueError as e:
+        raise BadRequestError(f"agent: {e}") from None
+
+
 def list_page(store: ReceiptStore, default_state: str | None) -> tuple[list[ReceiptRecord], str | None]:
     """One page of the list the query asks for (its filters and `after`, the last receipt of the page before),
     and the `after` of the next page (None on the last)."""
     states, host, older_than, limit = list_filters(default_state)
+    agent = agent_arg(request.args)
     after = request.args.get("after") or None
     try:
         rows = store.receipts.list(
-            states=states, older_than=older_than, limit=limit, after=after, **documents.host_query(host)
+            states=states, older_than=older_than, limit=limit, after=after, agent=agent, **documents.host_query(host)
         )
     except ReceiptNotFoundError:
         raise BadRequestError(f"after: no receipt {after}") from None

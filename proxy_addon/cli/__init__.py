@@ -2,8 +2,8 @@
 
 A module per command group, each listing its commands in `COMMANDS` (name -> what adds it to the parser):
 proxy.py (init, db, proxy, env, admin), receipts.py (reconcile, ls, show, resolve, stats, prune), approvals.py
-(approvals, approve, deny), audit.py (verify, checkpoint, scrub), rules.py (rules ...); common.py is what they
-share. `build_parser` puts them together.
+(approvals, approve, deny), audit.py (verify, checkpoint, scrub), rules.py (rules ...), agents.py (agents ...),
+mcp.py (mcp); common.py is what they share. `build_parser` puts them together.
 
 Exit codes: 0 success, 1 a failed operation, 2 bad usage (including a bad config or URL).
 """
@@ -13,17 +13,17 @@ import sys
 from collections.abc import Sequence
 
 from proxy_addon import __version__
-from proxy_addon.cli import approvals, audit, proxy, receipts, rules
+from proxy_addon.cli import agents, approvals, audit, mcp, proxy, receipts, rules
 from proxy_addon.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Adder, Commands, UsageParser
 from proxy_addon.exceptions import ConfigError, InvalidResolutionError, OpenApiError, ReceiptsError
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
 
-GROUPS = (proxy, rules, receipts, approvals, audit)
+GROUPS = (proxy, rules, receipts, approvals, audit, agents, mcp)
 # the order `receipts --help` lists the commands in; a command not named here comes after them
 HELP_ORDER = (
-    "init", "db", "rules", "proxy", "env", "reconcile", "ls", "show", "resolve", "admin", "scrub",
-    "approvals", "approve", "deny", "stats", "prune", "verify", "checkpoint",
+    "init", "db", "rules", "proxy", "env", "agents", "reconcile", "ls", "show", "resolve", "admin", "scrub",
+    "approvals", "approve", "deny", "stats", "prune", "verify", "checkpoint", "mcp",
 )  # fmt: skip
 
 

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from proxy_addon.agents.tokens import ANONYMOUS_AGENT
 from proxy_addon.cli.common import EXIT_OK, Commands, load, open_store
-from proxy_addon.rules.records import ReceiptRecord
+from proxy_addon.rules.records import ANY_AGENT, AgentFilter, ReceiptRecord
 from proxy_addon.rules.states import RESOLUTION_STATES
 from proxy_addon.units import parse_duration
 from proxy_addon.views import terminal
@@ -18,6 +19,7 @@ from proxy_addon.views.documents import (
     HostFilter,
     expand_states,
     host_query,
+    parse_agent_filter,
     parse_host_filter,
     receipt_document,
     show_document,
@@ -30,6 +32,7 @@ from proxy_addon.views.terminal import age, exchange_table, print_json, table
 _LIST_SHOWN: dict[str, Callable[[ReceiptRecord], Any]] = {
     "created_at": lambda r: age(r.created_at),
     "host": lambda r: netloc(r.scheme, r.host, r.port),  # with its port when not the scheme's default
+    "agent": lambda r: r.agent or ANONYMOUS_AGENT,
 }
 
 
@@ -37,7 +40,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     store = open_store(args)
     states = expand_states([args.state]) if args.state else None
     older = timedelta(seconds=parse_duration(args.older_than)) if args.older_than else None
-    rows = store.receipts.list(states=states, older_than=older, limit=args.limit, after=args.after, **host_query(args.host))
+    rows = store.receipts.list(
+        states=states, older_than=older, limit=args.limit, after=args.after, agent=args.agent, **host_query(args.host)
+    )
     if args.json:
         print_json([receipt_document(r) for r in rows])
         return EXIT_OK
@@ -57,8 +62,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def _filters_said(args: argparse.Namespace) -> str:
     said = [f"{flag} {value}" for flag, value in
-            (("--state", args.state), ("--host", args.host), ("--older-than", args.older_than)) if value]
+            (("--state", args.state), ("--host", args.host), ("--agent", _agent_said(args.agent)),
+             ("--older-than", args.older_than)) if value]
     return f" matching {' '.join(said)}" if said else ""
+
+
+def _agent_said(agent: AgentFilter) -> str | None:
+    return None if agent is ANY_AGENT else agent or ANONYMOUS_AGENT
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -184,6 +194,13 @@ def listen_arg(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def agent_arg(text: str) -> AgentFilter:
+    try:
+        return parse_agent_filter(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def state_arg(text: str) -> str:
     try:
         expand_states([text])
@@ -205,6 +222,7 @@ def add_ls(commands: Commands) -> None:
     p = commands.command("ls", cmd_ls, "list receipts, newest first")
     p.add_argument("--state", type=state_arg, help="a state, or open, or unknown (outcome_unknown, reconciling, manual_review)")
     p.add_argument("--host", type=host_arg, help="a host, or host:port ([::1]:8080 for IPv6)")
+    p.add_argument("--agent", type=agent_arg, default=ANY_AGENT, help="one agent's receipts (its name), or anonymous")
     p.add_argument("--older-than", type=duration_arg, help="only receipts created longer ago than this (e.g. 10m)")
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--after", metavar="ID", help="the next page: the receipts journaled before receipt ID")

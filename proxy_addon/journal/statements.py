@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Dialect, Table
 
+from proxy_addon.journal.tables import INVALIDATING_PREDICATE, Approval, Receipt, ReceiptTransition
 from proxy_addon.rules.records import APPROVAL_FIELDS, INTENT_FIELDS, RECEIPT_FIELDS
 from proxy_addon.rules.states import OPEN_STATES, ApprovalState, State
-from proxy_addon.store.tables import INVALIDATING_PREDICATE, Approval, Receipt, ReceiptTransition
 
 _RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
 _TRANSITIONS: Table = ReceiptTransition.__table__  # type: ignore[assignment]
@@ -136,10 +136,13 @@ EXPIRE_APPROVALS = (
 )
 # The compare-and-set that uses an approval up: of two writers (two replicas), the second finds it `used`
 # (PostgreSQL re-checks `state` on the row the first changed) and changes nothing.
+_USABLE = (  # the approval a write of the intent uses now: approved, not past its time, the latest decided
+    f"SELECT approval_id FROM approvals WHERE {_OF_INTENT} AND state = {_APPROVED} AND expires_at > :now "
+    "ORDER BY decided_at DESC LIMIT 1"
+)
 USE_APPROVAL = (
     f"UPDATE approvals SET state = '{ApprovalState.USED.value}', operation_id = :operation_id "
-    f"WHERE state = {_APPROVED} AND approval_id = (SELECT approval_id FROM approvals WHERE {_OF_INTENT} "
-    f"AND state = {_APPROVED} AND expires_at > :now ORDER BY decided_at DESC LIMIT 1) RETURNING approval_id"
+    f"WHERE state = {_APPROVED} AND approval_id = ({_USABLE}) RETURNING approval_id"
 )
 # Its receipt could not be inserted after all (a concurrent open one): the approval stays for the next request.
 UNUSE_APPROVAL = (
@@ -160,6 +163,10 @@ INSERT_APPROVAL = (
     f"INSERT INTO approvals ({', '.join(APPROVAL_INSERT_COLUMNS)}) "
     f"VALUES ({', '.join(':' + c for c in APPROVAL_INSERT_COLUMNS)}) ON CONFLICT DO NOTHING"
 )
+# read only, what `foresee` (writes.py) reads instead of using or asking: the approval USE_APPROVAL would use, and
+# the pending one ASK_AGAIN would ask again (EXPIRE_APPROVALS would have made one past its time `expired`)
+USABLE_APPROVAL = f"SELECT {_APPROVAL_SELECTED} FROM approvals WHERE approval_id = ({_USABLE})"
+PENDING_APPROVAL = f"SELECT {_APPROVAL_SELECTED} FROM approvals WHERE {_OF_INTENT} AND state = {_PENDING} AND expires_at > :now"
 ASK_AGAIN = (
     f"UPDATE approvals SET asked = asked + 1, last_asked_at = :now WHERE {_OF_INTENT} AND state = {_PENDING} "
     f"RETURNING {_APPROVAL_SELECTED}"

@@ -34,6 +34,7 @@ from typing import Any
 from proxy_addon.db import database_wait
 from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal.connection import DriverConnection
+from proxy_addon.journal.driver import OnDriver
 from proxy_addon.journal.messages import (
     Advance,
     AwaitingApproval,
@@ -47,7 +48,8 @@ from proxy_addon.journal.messages import (
     frame,
     split_frames,
 )
-from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
+from proxy_addon.journal.rows import NewReceipt, Step
+from proxy_addon.journal.writes import JournalWrites
 from proxy_addon.log import DeferredLogger
 from proxy_addon.rules.records import ApprovalRecord
 from proxy_addon.rules.states import State, is_allowed

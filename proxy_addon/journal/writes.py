@@ -16,15 +16,15 @@ denial. Every other write runs exactly the statements it ran before approvals ex
 None of them commits: each runs inside a transaction its caller opens and commits (the writer's group commit,
 or the store's SQLAlchemy transaction).
 
-Every history row carries its hash in the audit chain (audit/chain.py), computed here, in the same statement
-or transaction as the row. The receipt keeps its chain's head (`history_head`): `record` returns it, and a
+Every history row carries its hash in the audit chain (audit/chain.py), computed with its row (rows.py), in the
+same statement or transaction as the row. The receipt keeps its chain's head (`history_head`): `record` returns it, and a
 caller that knows it (the proxy, from its record to its verdict) passes it to `advance`, whose compare-and-set
 includes it, so the hot path reads nothing more; a caller that does not (`Step.head` None) has it read first,
 in the same transaction.
 
 They run over a DBAPI connection, below SQLAlchemy, for speed (statements.py says why): the writer runs them
-on its own driver connection (`OnDriver`), the store on the driver under its SQLAlchemy connection (see
-store/receipts.py), so that SQLAlchemy still sees their errors (a connection the server dropped is replaced,
+on its own driver connection (`OnDriver`, driver.py), the store on the driver under its SQLAlchemy connection
+(see store/receipts.py), so that SQLAlchemy still sees their errors (a connection the server dropped is replaced,
 a storage error is wrapped) and its transaction holds them.
 
 Where the databases differ, one implementation each, behind the same primitives:
@@ -38,18 +38,16 @@ Where the databases differ, one implementation each, behind the same primitives:
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, Protocol
+from datetime import timedelta
+from typing import Any
 
-from proxy_addon.audit.chain import Identity, chained, genesis, row_hash
-from proxy_addon.exceptions import IllegalTransitionError, JournalUnavailableError, ReceiptNotFoundError, StaleStateError
+from proxy_addon.audit.chain import Identity, genesis
+from proxy_addon.exceptions import JournalUnavailableError, ReceiptNotFoundError, StaleStateError
 from proxy_addon.journal import statements as sql
+from proxy_addon.journal.driver import Connection, Cursor, Sent
+from proxy_addon.journal.rows import Foreseen, Head, NewReceipt, Step, decision_params, new_rows, step_params
 from proxy_addon.journal.statements import DriverStatements
-from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.records import (
-    INTENT_FIELDS,
     ApprovalRecord,
     Blocker,
     BlockKind,
@@ -58,136 +56,10 @@ from proxy_addon.rules.records import (
     new_approval_id,
     utcnow,
 )
-from proxy_addon.rules.states import TERMINAL_STATES, ApprovalState, State, is_allowed
+from proxy_addon.rules.states import ApprovalState, State
 
 RECORD_ATTEMPTS = 3  # decisions lost to a concurrent writer's insert (another proxy) before giving up
 ADVANCE_ATTEMPTS = 3  # compare-and-sets lost to another writer's step that left the same state (a read head)
-# what `advance` may change besides the state (everything else is fixed once the receipt is recorded)
-UPDATABLE = frozenset(
-    {
-        "status_code",
-        "external_id",
-        "error_code",
-        "error_message",
-        "submitted_at",
-        "completed_at",
-        "response_headers",
-        "response_body",
-        "response_body_truncated",
-        "response_body_redacted",
-        "reconcile_attempts",
-        "next_attempt_at",
-        "lease_owner",
-        "lease_expires_at",
-    }
-)
-
-
-@dataclass(frozen=True, slots=True)
-class NewReceipt:
-    """An intent to record: as `submitted` by `submitted_by` (the proxy, one commit before it sends), or as
-    `planned` when None (tests and tools). `approval`: its rule asks for a person's approval first.
-    `successes_block_for`: how long (seconds) a success of the same
-    intent stands in its way (duplicates.successes_block_for), None when none does. `at`: the time it is
-    recorded at (created_at, and its history rows'); None: now (the writer's way), while the store's general
-    path gives the time it read before its transaction began. Fixed once made, so that its rows (and their
-    hashes) are the same however often they are built."""
-
-    intent: Intent
-    successes_block_for: float | None
-    submitted_by: str | None
-    at: datetime | None = None
-    approval: ApprovalAsk | None = None  # a person must have approved the intent (rules/approvals.py)
-
-    def __post_init__(self) -> None:
-        if self.at is None:
-            object.__setattr__(self, "at", utcnow())
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """A compare-and-set `expected_from -> to` with column updates, and its history row. `owned_by` adds the
-    lease holder to the compare: a worker whose lease expired and was taken over cannot write a verdict over
-    its successor's. `at`: as NewReceipt's (updated_at, and the history row's). `head`: the receipt's history
-    head as the caller knows it (what `record` or the last `advance` returned); None: read it first. Only an
-    allowed transition setting UPDATABLE columns can be made one."""
-
-    operation_id: str
-    expected_from: str
-    to: str
-    detail: dict[str, Any] = field(default_factory=dict)
-    updates: dict[str, Any] = field(default_factory=dict)
-    owned_by: str | None = None
-    at: datetime | None = None
-    head: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.at is None:
-            object.__setattr__(self, "at", utcnow())
-        expected_from, to = State(self.expected_from), State(self.to)
-        if not is_allowed(expected_from, to):
-            raise IllegalTransitionError(f"{expected_from.value} -> {to.value} is not an allowed transition")
-        unknown = set(self.updates) - UPDATABLE
-        if unknown:
-            raise ValueError(f"transition cannot set {', '.join(sorted(unknown))}")
-        object.__setattr__(self, "expected_from", expected_from.value)  # plain strings for the drivers
-        object.__setattr__(self, "to", to.value)
-
-
-class Cursor(Protocol):
-    @property
-    def rowcount(self) -> int: ...
-
-    def fetchone(self) -> Any: ...
-
-
-class Connection(Protocol):
-    """What the writes need of a connection: a statement run (its text in the driver's parameter style, its
-    parameters as the driver takes them), and a way to send several together."""
-
-    def execute(self, statement: str, params: dict[str, Any]) -> Cursor: ...
-
-    def pipeline(self) -> AbstractContextManager[Any]:
-        """Statements sent within it may go together (one round trip); each is still run in order."""
-        ...
-
-
-class OnDriver:
-    """A Connection that is the DBAPI connection itself (the journal writer's)."""
-
-    __slots__ = ("driver",)
-
-    def __init__(self, driver: Any):
-        self.driver = driver
-
-    def execute(self, statement: str, params: dict[str, Any]) -> Cursor:
-        cursor = self.driver.cursor()
-        cursor.execute(statement, params)
-        return cursor
-
-    def pipeline(self) -> AbstractContextManager[Any]:
-        return self.driver.pipeline()  # psycopg's pipeline mode
-
-
-@dataclass(frozen=True, slots=True)
-class Sent:
-    """A write's first statement sent ahead by `pipelined`, and the history head it leaves if it applies."""
-
-    cursor: Cursor
-    head: str
-
-
-@dataclass(frozen=True, slots=True)
-class Head:
-    """A receipt's history head as stored (None: no history yet), and what its next row chains from (the
-    stored head, or the receipt's genesis)."""
-
-    stored: str | None
-    previous: str
-
-    @classmethod
-    def known(cls, head: str) -> "Head":
-        return cls(head, head)
 
 
 class JournalWrites(ABC):
@@ -243,7 +115,22 @@ class JournalWrites(ABC):
         a fresh operation id), then the open receipt of the same intent or, when successes block, its latest
         success within `successes_block_for` that no later write to its target has invalidated (an open one
         wins). At most two indexed queries."""
-        return self._blocker(_decision(intent, successes_block_for))
+        return self._blocker(decision_params(intent, successes_block_for))
+
+    def foresee(self, new: NewReceipt) -> Foreseen:
+        """What `record` would do with this write now, writing nothing: the receipt in its way (the blocker
+        queries `record` runs), else, for a write that needs approval, the approval it would use, the denial or
+        the pending approval it would answer with (the conditions of `record`'s own approval statements), or
+        that it would ask for a new one. The agent API's `POST /check` (agent_api/check.py)."""
+        blocker = self._blocker(decision_params(new.intent, new.successes_block_for))
+        if blocker is not None or new.approval is None:
+            return Foreseen(blocker)
+        intent = {"account": new.intent.account, "fingerprint": new.intent.intent_fingerprint, "now": new.at or utcnow()}
+        for statement in (sql.USABLE_APPROVAL, sql.DENIAL, sql.PENDING_APPROVAL):  # `_record_approved`'s order
+            row = self._execute(statement, intent).fetchone()
+            if row is not None:
+                return Foreseen(approval=ApprovalRecord(**self.sql.approval(tuple(row))))
+        return Foreseen(asks_approval=True)
 
     def pipelined(self, writes: Sequence[NewReceipt | Step]) -> list[Sent | None]:
         """The first statement of each write sent ahead, for `record` and `advance` to read (None: not sent)."""
@@ -297,7 +184,7 @@ class JournalWrites(ABC):
     def _insert_new(self, new: NewReceipt, approval_id: str | None = None) -> str | None:
         """The receipt and its history rows, statement by statement; its history head, or None when the open-intent
         index refused the receipt (a concurrent writer's open one: nothing written)."""
-        row, history = _new_rows(new, approval_id)
+        row, history = new_rows(new, approval_id)
         if self._run(self.sql.insert_receipt, row).rowcount != 1:
             return None
         for history_row in history:
@@ -311,7 +198,7 @@ class JournalWrites(ABC):
         of an approved write in flight is a duplicate, not a second use); then the intent's approved, unexpired
         approval is used up by this receipt (compare-and-set), in this transaction; without one, its pending
         approval or denial is the answer and no receipt is written."""
-        decision = _decision(new.intent, new.successes_block_for)
+        decision = decision_params(new.intent, new.successes_block_for)
         blocker = self._blocker(decision)
         if blocker is not None:
             return blocker
@@ -357,7 +244,7 @@ class SQLiteWrites(JournalWrites):
     """Decide, then write, statement by statement (module docstring)."""
 
     def _record_once(self, new: NewReceipt, sent: Sent | None) -> Blocker | str | None:
-        decision = _decision(new.intent, new.successes_block_for)
+        decision = decision_params(new.intent, new.successes_block_for)
         blocker = self._blocker(decision)
         if blocker is not None:
             return blocker
@@ -365,7 +252,7 @@ class SQLiteWrites(JournalWrites):
         return head if head is not None else self._open_receipt(decision)
 
     def _moved(self, step: Step, head: Head, sent: Sent | None) -> str | None:
-        columns, params = _step_params(step, head)
+        columns, params = step_params(step, head)
         statement = self.sql.compare_and_set(columns, step.owned_by is not None, head.stored is not None)
         if self._run(statement, params).rowcount != 1:
             return None
@@ -405,7 +292,7 @@ class PostgresWrites(JournalWrites):
         sent = sent if sent is not None else self._send_record(new)
         if sent.cursor.rowcount > 0:
             return sent.head
-        return self._blocker(_decision(new.intent, new.successes_block_for))  # None: it closed since
+        return self._blocker(decision_params(new.intent, new.successes_block_for))  # None: it closed since
 
     def _moved(self, step: Step, head: Head, sent: Sent | None) -> str | None:
         sent = sent if sent is not None else self._send_advance(step, head)
@@ -413,8 +300,8 @@ class PostgresWrites(JournalWrites):
 
     def _send_record(self, new: NewReceipt) -> Sent:
         """Its cursor: a row count above 0 says the receipt and its history rows were written."""
-        decision = _decision(new.intent, new.successes_block_for)
-        row, history = _new_rows(new)
+        decision = decision_params(new.intent, new.successes_block_for)
+        row, history = new_rows(new)
         statement = self.sql.record_unless_blocked("key" in decision, "since" in decision, new.submitted_by is not None)
         details = {"created_detail": history[0]["detail"], "created_hash": history[0]["hash"], "recorded_at": history[0]["recorded_at"]}
         if len(history) > 1:
@@ -424,63 +311,8 @@ class PostgresWrites(JournalWrites):
     def _send_advance(self, step: Step, head: Head | None = None) -> Sent:
         """Its cursor: a row count of 1 says it moved. `head`: None for a step sent ahead (its caller gave it)."""
         head = head if head is not None else Head.known(str(step.head))
-        columns, params = _step_params(step, head)
+        columns, params = step_params(step, head)
         statement = self.sql.advance_in_one(columns, step.owned_by is not None, head.stored is not None)
         return Sent(self._run(statement, params), str(params["history_head"]))
 
 
-def _decision(intent: Intent, successes_block_for: float | None) -> dict[str, Any]:
-    """The decision's parameters: `key` when a reused key must be looked for, `since` when successes block."""
-    params: dict[str, Any] = {"account": intent.account, "fingerprint": intent.intent_fingerprint}
-    if intent.idempotency_key is not None and intent.idempotency_key != intent.operation_id:
-        params["key"] = intent.idempotency_key
-    if successes_block_for is not None:
-        params["since"] = utcnow() - timedelta(seconds=successes_block_for)
-    return params
-
-
-def _new_rows(new: NewReceipt, approval_id: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The receipt's row and its history rows, written at one time, each row with its hash in the chain and
-    the receipt with its head; its creation row names the approval it used, when it needed one."""
-    intent, now = new.intent, new.at or utcnow()
-    row = {name: getattr(intent, name) for name in INTENT_FIELDS}
-    row.update(state=State.PLANNED.value, created_at=now, updated_at=now, submitted_at=None)
-    created = {"who": intent.proxy_instance or "store", "fingerprint": intent.intent_fingerprint}
-    if approval_id is not None:
-        created["approval_id"] = approval_id
-    history: list[dict[str, Any]] = [
-        {"operation_id": intent.operation_id, "from_state": None, "to_state": State.PLANNED.value, "recorded_at": now, "detail": created}
-    ]
-    if new.submitted_by is not None:
-        row.update(state=State.SUBMITTED.value, submitted_at=now)
-        step = {"from_state": State.PLANNED.value, "to_state": State.SUBMITTED.value, "detail": {"who": new.submitted_by}}
-        history.append({**history[0], **step})
-    row["history_head"] = _chain(row, history)
-    return row, history
-
-
-def _chain(row: dict[str, Any], history: list[dict[str, Any]]) -> str:
-    """Each of a new receipt's history rows gets its hash, chained from the receipt's identity; the head."""
-    hashes = chained(genesis(Identity.of(row)), history)
-    for h, digest in zip(history, hashes, strict=True):
-        h["hash"] = digest
-    return hashes[-1]
-
-
-def _step_params(step: Step, head: Head) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """The columns the step sets besides its state and head (submitted_at and completed_at by default when it
-    enters those states), and the statement's parameters: the new history row's hash is the new head."""
-    now = step.at or utcnow()
-    updates = dict(step.updates)
-    if step.to == State.SUBMITTED.value:
-        updates.setdefault("submitted_at", now)
-    if State(step.to) in TERMINAL_STATES:
-        updates.setdefault("completed_at", now)
-    params = {**updates, "state": step.to, "updated_at": now, "recorded_at": now, "detail": step.detail}
-    params.update(operation_id=step.operation_id, expected_from=step.expected_from)
-    if head.stored is not None:
-        params["prev_head"] = head.stored
-    params["history_head"] = row_hash(head.previous, step.operation_id, step.expected_from, step.to, now, step.detail)
-    if step.owned_by is not None:
-        params["owned_by"] = step.owned_by
-    return tuple(sorted(updates)), params

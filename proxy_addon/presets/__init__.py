@@ -1,6 +1,6 @@
 """Presets: tested operation and read rules for APIs agents commonly write to, as plain YAML files in this folder
 (`receipts rules show --preset NAME` prints one). A host says `preset: NAME`; its own keys win over the preset's,
-and an operation rule of its own replaces the preset's rule of the same name (config.py merges them).
+and an operation rule of its own replaces the preset's rule of the same name (config/hosts.py merges them).
 
 Each preset ships only with a test against a real implementation of its API that nobody here wrote
 (tests/e2e/test_presets_*.py): docs/configuration.md#presets says what each proves.

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 from xml.sax.saxutils import escape
 
-from proxy_addon.config import HostPolicy
 from proxy_addon.protocols.base import Call, problem_of, receipt_headers
-from proxy_addon.request import answers
-from proxy_addon.request.answers import Answer
+from proxy_addon.rules import answers
+from proxy_addon.rules.answers import Answer
+from proxy_addon.rules.policy import HostPolicy
 
 if TYPE_CHECKING:
     from proxy_addon.protocols.base import Route
-    from proxy_addon.request.facts import RequestFacts
+    from proxy_addon.protocols.facts import RequestFacts
 
 NAME = "aws"
 OPERATION_PREFIX = "aws "  # not given: an AWS call keeps REST's operation name

@@ -18,11 +18,11 @@ from typing import Any
 
 from mitmproxy.net import encoding
 
-from proxy_addon.request.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE, REPLAYED_HEADER, Answer
-from proxy_addon.request.sender import SendResult
+from proxy_addon.rules.answers import PROBLEM_BASE, PROBLEM_CONTENT_TYPE, REPLAYED_HEADER, Answer
 from proxy_addon.rules.fingerprint import BodyIdentity
 from proxy_addon.rules.operations import OperationRule, ProtocolName
 from proxy_addon.rules.records import Verdict
+from proxy_addon.rules.send_result import SendResult
 
 RECEIPT_HEADER_PREFIX = b"x-receipt-"
 
@@ -43,7 +43,7 @@ ADVICE = {
 
 @dataclass(frozen=True)
 class Problem:
-    """One of the proxy's own problem+json answers, read back (request/answers.py writes them)."""
+    """One of the proxy's own problem+json answers, read back (rules/answers.py writes them)."""
 
     kind: str  # the type's last segment: duplicate-open, outcome-unknown, ...
     status: int
@@ -52,6 +52,7 @@ class Problem:
     operation_id: str | None
     state: str | None
     approval_id: str | None = None
+    receipt_url: str | None = None  # where the agent asks for the receipt later (the agent API, agents/)
 
     @property
     def advice(self) -> str:
@@ -60,7 +61,8 @@ class Problem:
     def sentence(self) -> str:
         """What happened, which receipt, and what the agent may do, in one paragraph."""
         receipt = f" Receipt {self.operation_id} is {self.state}." if self.operation_id else ""
-        return " ".join(part for part in (f"{self.title}: {self.detail}", receipt.strip(), self.advice) if part)
+        ask = f"Before acting again, ask {self.receipt_url} (the get_receipt tool)." if self.receipt_url else ""
+        return " ".join(part for part in (f"{self.title}: {self.detail}", receipt.strip(), self.advice, ask) if part)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ def problem_of(answer: Answer) -> Problem | None:
         operation_id=document.get("operation_id"),
         state=document.get("state"),
         approval_id=document.get("approval_id"),
+        receipt_url=document.get("receipt_url"),
     )
 
 

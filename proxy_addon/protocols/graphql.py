@@ -12,7 +12,7 @@ journaled as a plain body (REST). A batch (a JSON array of operations) passes wh
 journaled as a plain body otherwise.
 
 The proxy's own problems are GraphQL errors: the contract's status with
-`{"errors": [{"message", "extensions": {"code", "operation_id", "state"}}]}`. Replays are the stored answer.
+`{"errors": [{"message", "extensions": {"code", "operation_id", "state", "receipt_url"}}]}`. Replays are the stored answer.
 A 2xx answer with `errors` and no data (`data` absent: refused before execution, as the GraphQL spec has it;
 null, or every mutation field null: the mutation's resolver failed) is `rejected`: the server says the
 mutation did not happen, and a retry goes upstream. With data, it is `succeeded`.
@@ -35,21 +35,21 @@ from graphql.language import (
     visit,
 )
 
-from proxy_addon.config import HostPolicy
 from proxy_addon.protocols.base import Call, decoded_body, json_document, problem_of, receipt_headers
 from proxy_addon.protocols.rest import REST
-from proxy_addon.request import answers
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.sender import SendResult
+from proxy_addon.rules import answers
+from proxy_addon.rules.answers import Answer
 from proxy_addon.rules.fingerprint import BodyIdentity, canonical_json, process_keyed
 from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import Verdict
 from proxy_addon.rules.redaction import REDACTED, is_secret_field
+from proxy_addon.rules.send_result import SendResult
 from proxy_addon.rules.states import State
 
 if TYPE_CHECKING:
     from proxy_addon.protocols.base import Route
-    from proxy_addon.request.facts import RequestFacts
+    from proxy_addon.protocols.facts import RequestFacts
 
 NAME = "graphql"
 OPERATION_PREFIX = "graphql "
@@ -95,7 +95,8 @@ class GraphQLCall(Call):
         problem = problem_of(answer)
         if problem is None:
             return answer
-        extensions = {"code": problem.kind, "operation_id": problem.operation_id, "state": problem.state, "approval_id": problem.approval_id}
+        extensions = {"code": problem.kind, "operation_id": problem.operation_id, "state": problem.state, "approval_id": problem.approval_id,
+                      "receipt_url": problem.receipt_url}
         error = {"message": problem.sentence(), "extensions": {k: v for k, v in extensions.items() if v is not None}}
         content_type = RESPONSE_CONTENT_TYPE if self.graphql_response else "application/json"
         body = json.dumps({"errors": [error]}).encode()

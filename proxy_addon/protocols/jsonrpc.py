@@ -30,21 +30,21 @@ from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
-from proxy_addon.config import HostPolicy
 from proxy_addon.protocols import sse
 from proxy_addon.protocols.base import Call, decoded_body, is_replay, json_document, problem_of, receipt_headers
 from proxy_addon.protocols.rest import REST
-from proxy_addon.request import answers
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.sender import SendResult, UpstreamResponse
+from proxy_addon.rules import answers
+from proxy_addon.rules.answers import Answer
 from proxy_addon.rules.fingerprint import BodyIdentity
 from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import Verdict
+from proxy_addon.rules.send_result import SendResult, UpstreamResponse
 from proxy_addon.rules.states import State
 
 if TYPE_CHECKING:
     from proxy_addon.protocols.base import Route
-    from proxy_addon.request.facts import RequestFacts
+    from proxy_addon.protocols.facts import RequestFacts
 
 NAME = "jsonrpc"
 MCP = "mcp"
@@ -143,7 +143,8 @@ class RpcCall(Call):
                 "code": SERVER_ERROR,
                 "message": problem.sentence(),
                 "data": {"type": problem.kind, "operation_id": problem.operation_id, "state": problem.state}
-                | ({"approval_id": problem.approval_id} if problem.approval_id else {}),
+                | ({"approval_id": problem.approval_id} if problem.approval_id else {})
+                | ({"receipt_url": problem.receipt_url} if problem.receipt_url else {}),
             }
             return self._reply({"error": error}, answer)
         if is_replay(answer):

@@ -13,17 +13,18 @@ Rules: the route's rule is the first whose method and path template match and th
 protocol call's rule is the first that names it (a glob), else the route's. Pure; no mitmproxy.
 """
 
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qsl
 
-from proxy_addon.config import HostPolicy, ReceiptsConfig
+from proxy_addon.config import ReceiptsConfig
 from proxy_addon.protocols import aws, graphql, jsonrpc
 from proxy_addon.protocols.base import Call, Route
 from proxy_addon.protocols.rest import REST
 from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.policy import HostPolicy, Query, match_rule
 
 if TYPE_CHECKING:
-    from proxy_addon.request.facts import RequestFacts
+    from proxy_addon.protocols.facts import RequestFacts
 
 
 class ProtocolModule(Protocol):
@@ -33,6 +34,7 @@ class ProtocolModule(Protocol):
     def recognise(self, facts: "RequestFacts", route: "Route", policy: HostPolicy) -> Call | None: ...
 
     def read_headers(self, body: Any) -> dict[str, str] | None: ...
+
 
 
 PROTOCOLS: tuple[ProtocolModule, ...] = (graphql, jsonrpc, aws)  # the modules, asked in this order
@@ -47,7 +49,8 @@ def route(config: ReceiptsConfig, method: str, host: str, port: int, path: str) 
     policy = config.policy_for(host, port)
     if not policy.journal:
         return Route(False, "model_api" if policy.model_api else "host")
-    rule = _route_rule(policy, method, path.partition("?")[0] or "/")
+    bare, _, query = path.partition("?")
+    rule = _route_rule(policy, method, bare or "/", parse_qsl(query, keep_blank_values=True))
     if rule is not None and not rule.journal:
         return Route(False, "rule")
     if rule is None:
@@ -70,29 +73,15 @@ def recognise(facts: "RequestFacts", config: ReceiptsConfig) -> Call:
                     call = found
                     break
     if call.journal and call.name is not None:
-        matched = match_rule(policy, facts.method, facts.path, call.name)
+        matched = match_rule(policy, facts.method, facts.path, call.name, facts.query)
         if matched is not None and matched[0].call is not None and not matched[0].journal:
             call = call.passing("rule")
     return call
 
 
-def match_rule(policy: HostPolicy, method: str, path: str, name: str | None) -> tuple[OperationRule, dict[str, str]] | None:
-    """The operation rule for a request, with its path parameters: the first naming this call, else the route's."""
-    route_match = None
-    for rule in policy.operations:
-        if rule.method != method or (rule.call is not None and (name is None or not fnmatchcase(name, rule.call))):
-            continue
-        m = rule.path_regex.match(path)
-        if m is None:
-            continue
-        if rule.call is not None:
-            return rule, m.groupdict()
-        if route_match is None:
-            route_match = rule, m.groupdict()
-    return route_match
-
-
-def receipt_rule(policy: HostPolicy, method: str, path: str, operation: str) -> tuple[OperationRule, dict[str, str]] | None:
+def receipt_rule(
+    policy: HostPolicy, method: str, path: str, operation: str, query: str | None = None
+) -> tuple[OperationRule, dict[str, str]] | None:
     """The rule a journaled receipt was matched by, found again from its operation name: the protocol's call in it
     (`mcp tools/call create_ticket`), else a rule naming a call by that name (an AWS call, whose operation name is
     its rule's), else its route's."""
@@ -103,7 +92,7 @@ def receipt_rule(policy: HostPolicy, method: str, path: str, operation: str) -> 
                 m = rule.path_regex.match(path)
                 if m is not None:
                     return rule, m.groupdict()
-    return match_rule(policy, method, path, name)
+    return match_rule(policy, method, path, name, parse_qsl(query or "", keep_blank_values=True))
 
 
 def read_headers(body: Any) -> dict[str, str]:
@@ -120,8 +109,8 @@ def call_name(operation: str) -> str | None:
     return next((operation.removeprefix(p) for p in _PREFIXES if operation.startswith(p)), None)
 
 
-def _route_rule(policy: HostPolicy, method: str, path: str) -> OperationRule | None:
+def _route_rule(policy: HostPolicy, method: str, path: str, query: Query) -> OperationRule | None:
     for rule in policy.operations:
-        if rule.call is None and rule.method == method and rule.path_regex.match(path):
+        if rule.call is None and rule.method == method and rule.path_regex.match(path) and rule.matches_query(query):
             return rule
     return None

@@ -36,7 +36,7 @@ def targets_of(config: ReceiptsConfig, receipts: list[ReceiptRecord]) -> dict[tu
         if key in targets and is_known_effect(targets[key].base, targets[key].op):
             continue
         policy = config.policy_for(receipt.host, receipt.port)
-        matched = receipt_rule(policy, receipt.method, receipt.path, receipt.operation)
+        matched = receipt_rule(policy, receipt.method, receipt.path, receipt.operation, receipt.query)
         if matched is None or matched[0].reconcile is None or matched[0].reconcile.strategy not in READ_RULE_STRATEGIES:
             continue
         op, params = matched

@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from proxy_addon.config import HostPolicy
 from proxy_addon.reconcile.decide import Found, ReadOutcome
 from proxy_addon.reconcile.rules import request_document
 from proxy_addon.rules.operations import PLACEHOLDER_RE, OperationRule, ReconcileRule, template_placeholders
+from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import ControlRunRecord, ReceiptRecord, Verdict
 from proxy_addon.rules.states import ControlKind, ControlResult, State
 
@@ -53,18 +53,24 @@ def nonce() -> str:
 
 def probe_of(base: ReceiptRecord, rule: ReconcileRule, params: dict[str, str], value: str) -> tuple[ReceiptRecord, dict[str, str]]:
     """`base` with `value` in every field the rule looks up by (its url's and body's placeholders) or matches
-    on (`match`'s request fields): an effect that cannot exist, read the way the rule reads any other."""
+    on (`match`'s request fields; with each_field, each field of those; a greedy `{key+}` its last segment): an
+    effect that cannot exist, read the way the rule reads any other."""
     document = request_document(base)
     document = document if isinstance(document, dict) else {}
     probe_params = dict(params)
     names = [*PLACEHOLDER_RE.findall(rule.url or ""), *template_placeholders(rule.body)]
     for name in (n for n in names if n not in rule.controls.keep):
-        if name.startswith("path."):
-            probe_params[name[5:]] = value
+        if name.startswith("path."):  # a `{key+}`'s leading segments stay: the bucket, Azurite's account
+            given = params.get(name[5:], "")
+            probe_params[name[5:]] = f"{given.rpartition('/')[0]}/{value}" if "/" in given else value
         elif name.startswith("body."):
             _set_dotted(document, name[5:].split("."), value)
     for _candidate, original in rule.match_paths:
-        original.compiled.update_or_create(document, value)
+        if rule.match_compare == "each_field":  # the nonce in each of the request's fields the rule compares
+            for fields in (f for f in original.find(document) if isinstance(f, dict)):
+                fields.update(dict.fromkeys(fields, value))
+        else:
+            original.compiled.update_or_create(document, value)
     probe = replace(
         base,
         operation_id=f"op_{value}",

@@ -165,8 +165,14 @@ def candidate_matches(candidate: Any, original: Any, rule: ReconcileRule) -> boo
             if rule.match_when_missing == "skip":
                 continue
             raise UnreadableRuleError(f"match needs {orig_path.text} of the original request, which was not journaled")
-        compared += 1
         got = cand_path.find(candidate)
+        if rule.match_compare == "each_field":
+            equal_fields = _fields_compared(got[0] if got else None, want[0], orig_path.text, rule)
+            if equal_fields is None:
+                return False
+            compared += equal_fields
+            continue
+        compared += 1
         if not got or not same_value(got[0], want[0]):
             return False
     if not compared:
@@ -175,13 +181,42 @@ def candidate_matches(candidate: Any, original: Any, rule: ReconcileRule) -> boo
     return True
 
 
+def _fields_compared(got: Any, want: Any, where: str, rule: ReconcileRule) -> int | None:
+    """`match_compare: each_field`: how many of the request's fields the candidate has, each equal; None when one
+    differs, or is missing from the candidate and `match_when_missing` is not skip."""
+    if not isinstance(want, dict):
+        raise UnreadableRuleError(f"match compares each field of {where}, which is not an object in the request")
+    have = got if isinstance(got, dict) else {}
+    compared = 0
+    for name, value in want.items():
+        if name not in have and rule.match_when_missing == "skip":
+            continue  # a field the server never answers with (a password) or ignores
+        if _holds_redacted(value):
+            raise UnreadableRuleError(f"match needs field {name!r} of the original request, which was redacted")
+        if name not in have or not same_value(have[name], value):
+            return None
+        compared += 1
+    return compared
+
+
 def same_value(got: Any, want: Any) -> bool:
-    """Equal as JSON; a form's text equals the number or boolean the server answers with (`amount=2000`: 2000)."""
+    """Equal as JSON; a form's text equals the number or boolean the server answers with (`amount=2000`: 2000), and
+    a time the same instant written another way (PocketBase keeps `2024-05-01` as `2024-05-01 00:00:00.000Z`)."""
     if isinstance(want, str) and isinstance(got, bool):
         return want == ("true" if got else "false")
     if isinstance(want, str) and isinstance(got, int | float):
         return want == canonical_json(got)
+    if isinstance(want, str) and isinstance(got, str) and want != got:
+        instants = _instant(want), _instant(got)
+        return instants[0] is not None and instants[0] == instants[1]
     return canonical_json(got) == canonical_json(want)
+
+
+def _instant(text: str) -> datetime | None:
+    """An ISO 8601 date or time (`2024-05-01`, `2024-05-01T10:00:00+02:00`) as an instant (a naive one is UTC)."""
+    if len(text) < 10 or text[4] != "-" or text[7] != "-":
+        return None
+    return parse_time(text)
 
 
 def parse_time(value: Any) -> datetime | None:

@@ -12,11 +12,11 @@ from urllib.parse import parse_qsl, urlencode, urljoin, urlsplit, urlunsplit
 
 import httpx
 
-from proxy_addon.config import HostPolicy
 from proxy_addon.exceptions import ReadNotPossibleError, UnreadableRuleError
 from proxy_addon.log import get_logger
 from proxy_addon.protocols import routing, sse
 from proxy_addon.reconcile.aws_sigv4 import SigV4
+from proxy_addon.reconcile.azure_shared_key import SharedKey
 from proxy_addon.reconcile.decide import Found, ReadOutcome
 from proxy_addon.reconcile.rules import (
     candidate_matches,
@@ -27,9 +27,10 @@ from proxy_addon.reconcile.rules import (
     parse_time,
     request_document,
 )
-from proxy_addon.request.sender import HOP_BY_HOP
+from proxy_addon.request.wire import HOP_BY_HOP
 from proxy_addon.rules.fingerprint import canonical_json
 from proxy_addon.rules.operations import OperationRule, ReconcileRule
+from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.rules.redaction import REDACTED, error_text, redact_url
 from proxy_addon.units import AnswerField, compile_jsonpath
@@ -204,6 +205,8 @@ def _next_read(rule: ReconcileRule, page: Any, url: str, kwargs: dict[str, Any])
     if cursor is None or (cursor.more is not None and cursor.more.first(page) is not True):
         return None, kwargs
     value = cursor.value.first(page)
+    if cursor.last is not None:
+        value = _next_page_number(value, cursor.last.first(page))
     if value is None:
         return None, kwargs
     where, _, name = cursor.into.partition(":")
@@ -212,6 +215,14 @@ def _next_read(rule: ReconcileRule, page: Any, url: str, kwargs: dict[str, Any])
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != name] + [(name, str(value))]
     return urlunsplit(parts._replace(query=urlencode(query))), kwargs
+
+
+def _next_page_number(page: Any, last: Any) -> int | None:
+    """The page after `page`, or None past the last. A page without both numbers proves nothing (PocketBase's
+    `skipTotal` answers totalPages -1): the read fails rather than end the list early."""
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (page, last)):
+        raise ReadNotPossibleError(f"cursor: the page gives no page number and last page (page {page!r}, last {last!r})")
+    return page + 1 if page < last else None
 
 
 def _in_window(candidate: Any, receipt: ReceiptRecord, rule: ReconcileRule) -> bool:
@@ -302,6 +313,8 @@ def _read_kwargs(rule: ReconcileRule, receipt: ReceiptRecord, params: dict[str, 
     kwargs: dict[str, Any] = {"headers": headers, "timeout": rule.timeout}
     if rule.aws_sigv4 is not None:
         kwargs["auth"] = SigV4(rule.aws_sigv4.service, rule.aws_sigv4.region)
+    elif rule.azure_shared_key:
+        kwargs["auth"] = SharedKey()
     if rule.method == "POST":
         body = fill_body(rule.body, receipt, params) if rule.body is not None else {}
         given = {k.lower() for k in headers}

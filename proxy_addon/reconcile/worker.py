@@ -162,7 +162,7 @@ class Reconciler:
     async def _verdict(self, receipt: ReceiptRecord) -> Verdict:
         policy = self.config.policy_for(receipt.host, receipt.port)
         # the rule for its route, or for its very call (an MCP tool, a GraphQL operation) when one names it
-        matched = receipt_rule(policy, receipt.method, receipt.path, receipt.operation)
+        matched = receipt_rule(policy, receipt.method, receipt.path, receipt.operation, receipt.query)
         op, params = matched if matched else (None, {})
         if op is None or op.reconcile is None:
             reason = f"no reconcile rule for {receipt.operation}" if op is None else f"rule {op.name} has no reconcile"

@@ -13,44 +13,47 @@
    (request/recording.py says why each is safe). Why answer first: at concurrency 1 that commit and its
    hand-offs were most of what a journaled write added to the agent's wait (docs/performance.md). Once the
    request was sent, nothing that fails can make the answer "not sent": it is `outcome_unknown` at worst.
+What a request gets instead of being sent (a refusal, a replay, an approval to wait for, the journal's 503) is
+request/refusals.py's; a receipt whose request is not sent after all (the agent left, the proxy stalled, the
+writer was lost) is closed by request/unsent.py.
 """
 
 import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 import structlog
 
 from proxy_addon import metrics, tracing
-from proxy_addon.config import HostPolicy, ReceiptsConfig
+from proxy_addon.config import ReceiptsConfig
 from proxy_addon.exceptions import (
     ApprovalNeededError,
     DuplicateIntentError,
     JournalUnavailableError,
-    ReceiptNotFoundError,
-    ReceiptsError,
-    StaleStateError,
     WriterLostError,
 )
 from proxy_addon.journal.client import JournalClient
 from proxy_addon.log import get_logger
-from proxy_addon.request import answers
-from proxy_addon.request.answers import Answer
-from proxy_addon.request.facts import RequestFacts
+from proxy_addon.protocols.facts import RequestFacts
+from proxy_addon.request.handled import Handled
+from proxy_addon.request.intake import WriteIntent, write_intent
 from proxy_addon.request.recording import VerdictRecorder
-from proxy_addon.request.sender import Sender, SendResult, Timeouts
+from proxy_addon.request.refusals import Refusals, awaiting_approval
+from proxy_addon.request.sender import Sender, Timeouts
+from proxy_addon.request.unsent import UnsentReceipts
 from proxy_addon.request.waiters import VerdictWaiters
-from proxy_addon.rules import duplicates
+from proxy_addon.rules import answers, duplicates
 from proxy_addon.rules.account import AccountHasher
-from proxy_addon.rules.approvals import approval_for
-from proxy_addon.rules.intent import build_intent
+from proxy_addon.rules.answers import Answer
 from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import Intent, Verdict, new_operation_id
-from proxy_addon.rules.states import ApprovalState, State
-from proxy_addon.rules.verdicts import not_sent, send_verdict, storable_response
+from proxy_addon.rules.send_result import SendResult
+from proxy_addon.rules.states import State
+from proxy_addon.rules.verdicts import send_verdict, storable_response
 from proxy_addon.store import ReceiptStore
 
 log = get_logger("receipts.proxy")
@@ -58,10 +61,6 @@ log = get_logger("receipts.proxy")
 # their canonical form does. Larger ones, whose worst case is far costlier (docs/performance.md, "Hostile
 # inputs"), never run there.
 INLINE_INTENT_BODY = 16 * 1024
-# A receipt the lost writer may have committed is closed before the 503 (so that the retry it invites is
-# journaled, not refused), waiting for that until proxy.journal_timeout has passed (but this long at least);
-# then it goes on alone, and the 503 is answered.
-CLOSE_UNSENT_AT_LEAST = 0.05
 
 class Liveness(Protocol):
     """Whether another instance may have taken this one for dead (recovery.py, InstanceLiveness)."""
@@ -81,15 +80,6 @@ class _Alive:
 
 
 ALIVE: Liveness = _Alive()
-
-
-@dataclass(frozen=True)
-class Handled:
-    """What became of one request: the answer (None: forward it without a receipt, fail open) and what the
-    addon notes on the flow."""
-
-    answer: Answer | None
-    note: dict[str, Any] = field(default_factory=dict)
 
 
 class WriteHandler:
@@ -113,6 +103,8 @@ class WriteHandler:
         self._idle: asyncio.Event | None = None  # idle()'s: set when in_flight empties
         self.verdicts = VerdictRecorder(journal, config.proxy.answer_first, config.proxy.journal_timeout, self._settled)
         self.waiters = VerdictWaiters(lambda ids: self._on_journal_thread(self.store.receipts.states, ids))
+        self.unsent = UnsentReceipts(journal, store, self._on_journal_thread, instance_id)
+        self.refusals = Refusals(store, executor, instance_id, config.proxy.fail_open)
 
     async def handle(self, facts: RequestFacts) -> Handled:
         policy = self.config.policy_for(facts.host, facts.port)
@@ -125,14 +117,17 @@ class WriteHandler:
                 self._settled(operation_id)
         if outcome.note.get("operation_id") == operation_id:  # answered with a receipt of its own
             metrics.write_answered(facts.host, outcome.note["state"])
-        # the answers the proxy makes, in the request's own protocol (protocols/: MCP, GraphQL, JSON-RPC)
-        return outcome if outcome.answer is None else replace(outcome, answer=facts.call.answer(outcome.answer))
+        if outcome.answer is None:
+            return outcome
+        # the answers the proxy makes name where to ask for their receipt later, and come in the request's own
+        # protocol (protocols/: MCP, GraphQL, JSON-RPC)
+        answer = answers.with_receipt_url(outcome.answer, self.config.agent_api.receipt_url)
+        return replace(outcome, answer=facts.call.answer(answer))
 
     async def _journal_and_send(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> Handled:
-        agent_key = _header(facts, policy.idempotency_key_header)
         started = time.perf_counter()
-        intent, rule = await self._intent(facts, policy, agent_key, operation_id)
-        ask = approval_for(policy.approval, rule.approval if rule is not None else None)  # None: no approval rule
+        written = await self._intent(facts, policy, operation_id)
+        intent, rule, agent_key, ask = written.intent, written.rule, written.agent_key, written.approval
         if tracing.enabled:
             tracing.name_write(facts, intent.operation)
         waited = False
@@ -147,32 +142,33 @@ class WriteHandler:
                 head = await self.journal.record(intent, policy.after_success, self.instance_id, ask)
                 break
             except ApprovalNeededError as e:
-                return _awaiting_approval(e)
+                return awaiting_approval(e)
             except DuplicateIntentError as e:
                 if policy.in_flight.policy != "wait" or not duplicates.in_flight(e.blocker):
-                    return self._refuse(e, policy, agent_key, waited)
+                    return self.refusals.refuse(e, policy, agent_key, waited)
                 if wait_until is None:
                     wait_until = loop.time() + policy.in_flight.max_wait
                 remaining = wait_until - loop.time()
                 if remaining <= 0 or facts.client_gone():
-                    return self._refuse(e, policy, agent_key, waited)
+                    return self.refusals.refuse(e, policy, agent_key, waited)
                 waited = True
                 log.debug("waiting_for_in_flight_original", operation_id=e.operation_id)
                 await self.waiters.wait(e.operation_id, e.operation_id in self.in_flight, remaining, facts.client_gone)
                 started = time.perf_counter()
             except WriterLostError as e:
-                await self._close_unsent(operation_id, answer_by)
-                return self._journal_down(e, facts)
+                await self.unsent.close_unsent(operation_id, answer_by)
+                return self.refusals.journal_down(e, facts)
             except JournalUnavailableError as e:
-                return self._journal_down(e, facts)
+                return self.refusals.journal_down(e, facts)
         metrics.journaled(time.perf_counter() - started)
+        metrics.agent_journaled(intent.agent)
         if facts.client_gone():
-            return await self._agent_left(operation_id, head)
+            return await self.unsent.agent_left(operation_id, head)
         if liveness.lost_since(alive):
-            return await self._stalled(operation_id, head)
+            return await self.unsent.stalled(operation_id, head)
 
         # structlog's bound_contextvars, without the copy of every context variable it makes to restore this one
-        tokens = structlog.contextvars.bind_contextvars(operation_id=operation_id)
+        tokens = structlog.contextvars.bind_contextvars(operation_id=operation_id, agent=intent.agent)
         try:
             return await self._send(facts, policy, intent, rule, agent_key, head)
         finally:
@@ -247,108 +243,14 @@ class WriteHandler:
 
     # -- 1. journal ---------------------------------------------------------------------------------------------
 
-    async def _intent(
-        self, facts: RequestFacts, policy: HostPolicy, agent_key: str | None, operation_id: str
-    ) -> tuple[Intent, OperationRule | None]:
-        """Fingerprint, account and redacted copy: on the event loop for a small body, else on a journal thread."""
-        key = agent_key if agent_key is not None else (operation_id if policy.inject_idempotency_key else None)
-        args = (facts, policy, self.hasher, self.instance_id, self.config.proxy.max_stored_body, key, operation_id)
+    async def _intent(self, facts: RequestFacts, policy: HostPolicy, operation_id: str) -> WriteIntent:
+        """Fingerprint, account and redacted copy (intake.py): on the event loop for a small body, else on a journal
+        thread."""
+        args = (facts, policy, self.hasher, self.instance_id, self.config.proxy.max_stored_body, operation_id)
         if len(facts.body) <= INLINE_INTENT_BODY:
-            return build_intent(*args)
-        return await self._on_journal_thread(build_intent, *args)
+            return write_intent(*args)
+        return await self._on_journal_thread(write_intent, *args)
 
-    async def _close_unsent(self, operation_id: str, answer_by: float) -> None:
-        """`_abandon_unsent` on a journal thread, waited for until `answer_by` (CLOSE_UNSENT_AT_LEAST at least)."""
-        loop = asyncio.get_running_loop()
-        closing = asyncio.ensure_future(self._on_journal_thread(self._abandon_unsent, operation_id))
-        try:
-            await asyncio.wait_for(asyncio.shield(closing), max(CLOSE_UNSENT_AT_LEAST, answer_by - loop.time()))
-        except TimeoutError:
-            log.warning("unsent_receipt_still_closing", operation_id=operation_id)
-
-    async def _agent_left(self, operation_id: str, head: str | None) -> Handled:
-        """The agent disconnected while its receipt was being written: nobody waits for what the upstream would
-        answer, so the request is not sent, and its receipt is closed as not sent."""
-        closed = not_sent(self.instance_id, "the agent disconnected before its receipt was written, so the request was not sent")
-        try:
-            await self._advance(operation_id, closed.state, closed.detail, closed.updates, head)
-        except ReceiptsError as e:
-            log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
-        log.info("request_not_sent_agent_left", operation_id=operation_id)
-        answer = answers.with_receipt(answers.not_sent(operation_id, "The agent disconnected"), operation_id, State.REJECTED.value)
-        return Handled(answer, {"operation_id": operation_id, "state": State.REJECTED.value, "refused": "agent_left"})
-
-    async def _stalled(self, operation_id: str, head: str | None) -> Handled:
-        """This instance was frozen (or cut off from its heartbeat) long enough that another may recover its
-        receipts while a write is sent: not sent. Its receipt is closed as not sent if it is still `submitted`;
-        if a recovery took it already (`outcome_unknown`), the reconciler finds nothing and settles it so."""
-        closed = not_sent(self.instance_id, "the proxy stalled (its heartbeats stopped) before it sent the request, so it was not sent")
-        state = State.REJECTED.value
-        try:
-            await self._advance(operation_id, closed.state, closed.detail, closed.updates, head)
-        except StaleStateError as e:
-            state = e.actual or State.OUTCOME_UNKNOWN.value
-        except ReceiptsError as e:
-            log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
-            state = State.SUBMITTED.value
-        log.warning("request_not_sent_proxy_stalled", operation_id=operation_id, state=state)
-        if state == State.REJECTED.value:
-            answer = answers.not_sent(operation_id, "The proxy stalled before it sent the request")
-        else:
-            answer = answers.outcome_unknown(operation_id, "The proxy stalled before it sent the request and another instance took its receipt over; it is settled by reading the upstream", None, state)
-        return Handled(answers.with_receipt(answer, operation_id, state), {"operation_id": operation_id, "state": state, "refused": "stalled"})
-
-    def _abandon_unsent(self, operation_id: str) -> None:
-        """The writer died before it answered: the receipt may have been committed, and the request will not be
-        sent. Close it as not sent, or the retry that the 503 invites would be refused as a duplicate of it
-        until the orphan sweep settles it (as `outcome_unknown`, since it cannot know it was never sent)."""
-        closed = not_sent(self.instance_id, "the journal writer stopped before it answered, so the request was not sent")
-        try:
-            self.store.receipts.transition(operation_id, State.SUBMITTED, closed.state, closed.detail, **closed.updates)
-        except ReceiptNotFoundError:
-            return  # it was never committed
-        except StaleStateError as e:
-            log.info("unsent_receipt_settled_elsewhere", operation_id=operation_id, state=e.actual)
-        except ReceiptsError as e:
-            log.error("unsent_receipt_left_open", operation_id=operation_id, error=str(e))
-
-    def _refuse(self, e: DuplicateIntentError, policy: HostPolicy, agent_key: str | None, waited: bool) -> Handled:
-        decision = duplicates.decide_retry(e.blocker, policy.after_success)
-        assert decision.reason is not None
-        reason = decision.reason.value
-        log.info("request_refused", reason=reason, operation_id=e.operation_id, state=e.state, waited=waited)
-        metrics.duplicate_refused(reason)
-        self._note_refusal(reason, e)
-        answer = duplicates.refusal_answer(decision, agent_key, waited)
-        return Handled(answer, {"operation_id": e.operation_id, "state": e.state, "refused": reason})
-
-    def _note_refusal(self, reason: str, e: DuplicateIntentError) -> None:
-        """Record the refusal on a journal thread, not awaited: it never delays nor fails the answer."""
-
-        def write() -> None:
-            try:
-                self.store.refusals.record(reason, e.operation_id, e.intent, self.instance_id)
-            except Exception as exc:  # noqa: BLE001 - a refusal that cannot be noted is logged, never raised
-                log.error("refusal_not_recorded", reason=reason, operation_id=e.operation_id, error=str(exc))
-
-        try:
-            self.executor.submit(write)
-        except RuntimeError as exc:  # the pool is shutting down
-            log.error("refusal_not_recorded", reason=reason, operation_id=e.operation_id, error=str(exc))
-
-    def _journal_down(self, e: JournalUnavailableError, facts: RequestFacts) -> Handled:
-        metrics.journal_unavailable(forwarded=self.config.proxy.fail_open)
-        if self.config.proxy.fail_open:
-            log.error(
-                "journal_unavailable_forwarding_without_receipt",
-                error=str(e),
-                method=facts.method,
-                host=facts.host,
-                fail_open=True,
-            )
-            return Handled(None, {"fail_open": True})
-        log.error("journal_unavailable_request_refused", error=str(e), method=facts.method, host=facts.host)
-        return Handled(answers.journal_unavailable(str(e)), {"refused": "journal_unavailable"})
 
     # -- 3. the verdict -----------------------------------------------------------------------------------------
 
@@ -379,44 +281,6 @@ class WriteHandler:
             detail[tracing.TRACEPARENT] = tracing.write_traceparent()  # what a reconcile verdict's span links to
         return detail, updates
 
-    async def _advance(
-        self,
-        operation_id: str,
-        to: State,
-        detail: dict[str, Any],
-        updates: dict[str, Any],
-        head: str | None,
-    ) -> None:
-        """A receipt closed by the proxy itself (not sent): through the writer; if it failed or died meanwhile, once
-        more through the store's general path (a writer that committed the step before it died leaves the receipt
-        in that state already), which reads the history head itself."""
-        try:
-            await self.journal.advance(operation_id, State.SUBMITTED, to, detail, updates, head)
-            return
-        except JournalUnavailableError as e:
-            log.warning("verdict_through_writer_failed", operation_id=operation_id, error=str(e))
-
-        def general_path() -> None:
-            try:
-                self.store.receipts.transition(operation_id, State.SUBMITTED, to, detail, **updates)
-            except StaleStateError as stale:
-                if stale.actual != to.value:
-                    raise
-
-        await self._on_journal_thread(general_path)
-
-
-def _awaiting_approval(e: ApprovalNeededError) -> Handled:
-    """Nothing journaled, nothing forwarded: the approval it waits for, or the person's denial."""
-    a = e.approval
-    log.info("request_awaiting_approval", approval_id=a.approval_id, state=a.state, asked=a.asked, operation=a.operation)
-    metrics.approval_awaited(a.state)
-    if a.state == ApprovalState.DENIED.value:
-        answer = answers.approval_denied(a.approval_id, a.operation, a.decided_by, a.note)
-    else:
-        answer = answers.approval_required(a.approval_id, a.operation, a.asked, f"{a.expires_at:%Y-%m-%dT%H:%M:%SZ}")
-    return Handled(answer, {"approval_id": a.approval_id, "refused": "approval_" + a.state})
-
 
 def _answer(intent: Intent, result: SendResult, verdict: Verdict) -> Answer:
     if verdict.state == State.OUTCOME_UNKNOWN:
@@ -430,9 +294,3 @@ def _answer(intent: Intent, result: SendResult, verdict: Verdict) -> Answer:
         return answers.not_sent(intent.operation_id, f"Could not connect to the upstream ({verdict.error_message})")
     return answers.from_upstream(result.answer)
 
-
-def _header(facts: RequestFacts, name: str) -> str | None:
-    """The header's value, several joined with ", " (as mitmproxy's Headers give it)."""
-    wanted = name.lower()
-    values = [v for k, v in facts.headers if k.lower() == wanted]
-    return ", ".join(values) if values else None

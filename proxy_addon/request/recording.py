@@ -11,7 +11,7 @@ MCP's `input_required`). Left `submitted`, it would refuse the retry its answer 
 and end the window of the earlier successes on its target: a repeat of one of those, sent once the agent heard
 "rejected", would be forwarded a second time.
 
-A verdict is never dropped: the journal client keeps it across writer restarts (journal/client.py), and one
+A verdict is never dropped: the journal client keeps it across writer restarts (journal/channel.py), and one
 the journal fails (a database down, a lock) is handed over again after a pause, while its receipt stays in
 flight (the orphan sweep leaves it alone) and open (a repeat is refused or waits). Shutdown waits for them,
 proxy.journal_timeout at most; what is left then is recovery's at the next start.

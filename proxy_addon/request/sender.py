@@ -10,7 +10,8 @@ means the upstream may have acted. Reads (GET, HEAD, OPTIONS) stay on mitmproxy'
 
 The client is a small sender on asyncio protocols with h11. It replaced httpx, whose layers (httpx, httpcore,
 anyio) cost more event-loop CPU per request than the rest of the journaling. No proxy is taken from the
-environment; mitmproxy's upstream TLS options are (TLSSettings). This module is the only one that knows the client.
+environment; mitmproxy's upstream TLS options are (TLSSettings). This module (with wire.py, what it sends) is the only one
+that knows the client.
 
 Timeouts. `upstream_timeout` is an idle timeout: the longest wait for the answer to begin and between two
 of its reads (while the request body is still being taken by the upstream, that progress counts too), so an
@@ -48,10 +49,7 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
-from http import HTTPStatus
 from typing import Protocol
-from urllib.parse import urlsplit
 
 import certifi
 import h2.exceptions
@@ -60,50 +58,8 @@ import h11
 from proxy_addon import metrics
 from proxy_addon.request.h1client import H1Connection, IdleConnections, Stream, exchange, reusable, usable_for
 from proxy_addon.request.h2client import H2Connection, Refused
-
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-    }
-)
-_HOP_BY_HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-Origin = tuple[str, str, int]  # scheme, host, port
-
-
-class SendEnd(StrEnum):
-    ANSWERED = "answered"
-    NOT_SENT = "not_sent"
-    TIMEOUT = "upstream_timeout"
-    RESET = "upstream_reset"
-    ERROR = "upstream_error"
-
-
-@dataclass(frozen=True)
-class UpstreamResponse:
-    status_code: int
-    reason: str
-    headers: list[tuple[bytes, bytes]]  # as received, less the hop-by-hop ones
-    content: bytes  # as received: Content-Encoding not undone
-
-
-@dataclass(frozen=True)
-class SendResult:
-    end: SendEnd
-    answer: UpstreamResponse | None = None
-    error: str | None = None
-    elapsed: float = 0.0
-    reused: bool = False  # sent on a connection an earlier write had used
-    resent: str | None = None  # sent again, once, on a new connection: why the first was provably not processed
+from proxy_addon.request.wire import Origin, PreparedRequest, h1_answer, h2_answer, prepare
+from proxy_addon.rules.send_result import SendEnd, SendResult, UpstreamResponse
 
 
 @dataclass(frozen=True)
@@ -132,18 +88,6 @@ def classify_exception(exc: BaseException, may_be_written: bool) -> SendEnd:
     if isinstance(exc, OSError | EOFError | h11.ProtocolError | h2.exceptions.ProtocolError):
         return SendEnd.RESET
     return SendEnd.ERROR
-
-
-@dataclass
-class _Request:
-    """A request ready to go: its origin, its HTTP/1.1 bytes with the h11 connection that will read the answer,
-    and its HTTP/2 head."""
-
-    origin: Origin
-    h: h11.Connection
-    chunks: list[bytes]
-    h2_head: list[tuple[bytes, bytes]]
-    content: bytes
 
 
 class _Attempt:
@@ -201,7 +145,7 @@ class UpstreamSender:
         """One attempt (and, only for a stream the upstream refused unprocessed, one more on a new connection)."""
         started = time.monotonic()
         try:
-            request = _prepare(method, url, headers, content, keep_alive=timeouts.keepalive is not None)
+            request = prepare(method, url, headers, content, keep_alive=timeouts.keepalive is not None)
         except (ValueError, h11.LocalProtocolError) as e:
             return SendResult(SendEnd.NOT_SENT, error=_describe(e), elapsed=time.monotonic() - started)
         attempt = _Attempt(timeouts)
@@ -221,7 +165,7 @@ class UpstreamSender:
         elapsed = time.monotonic() - started
         return SendResult(SendEnd.ANSWERED, answer, elapsed=elapsed, reused=attempt.reused, resent=attempt.resent)
 
-    async def _send(self, request: _Request, attempt: _Attempt) -> UpstreamResponse:
+    async def _send(self, request: PreparedRequest, attempt: _Attempt) -> UpstreamResponse:
         async with asyncio.timeout(attempt.timeouts.connect):
             await self._slots.acquire()
             attempt.acquired = True
@@ -262,7 +206,7 @@ class UpstreamSender:
             return channel
         return await self._connect(origin, self._ssl_reuse)  # HTTP/1.1 after all: a connection of its own
 
-    async def _over_h1(self, conn: H1Connection, request: _Request, attempt: _Attempt) -> UpstreamResponse:
+    async def _over_h1(self, conn: H1Connection, request: PreparedRequest, attempt: _Attempt) -> UpstreamResponse:
         attempt.h1 = conn
         attempt.written = True  # from here on the upstream may receive the request and act on it
         conn.stream.received = 0
@@ -270,9 +214,9 @@ class UpstreamSender:
         conn.uses += 1
         attempt.h1 = None
         self._after(request.origin, conn, request.h, head, attempt.timeouts.keepalive)
-        return _h1_answer(head, body)
+        return h1_answer(head, body)
 
-    async def _over_h2(self, conn: H2Connection, request: _Request, attempt: _Attempt) -> UpstreamResponse:
+    async def _over_h2(self, conn: H2Connection, request: PreparedRequest, attempt: _Attempt) -> UpstreamResponse:
         """One stream; if the upstream refused it unprocessed, once more on a new connection, and no more."""
         try:
             stream_id = conn.open_stream(request.h2_head, end_stream=not request.content)
@@ -295,7 +239,7 @@ class UpstreamSender:
             if isinstance(channel, H2Connection):
                 return await self._over_h2(channel, request, attempt)
             return await self._over_h1(channel, request, attempt)
-        return _h2_answer(head, body)
+        return h2_answer(head, body)
 
     async def _connect(self, origin: Origin, context: ssl.SSLContext) -> "H2Connection | H1Connection":
         """A new connection; over TLS, HTTP/2 when the upstream chose it by ALPN (it becomes the origin's shared one)."""
@@ -359,65 +303,12 @@ async def _answers_ping(conn: H2Connection) -> bool:
     return True
 
 
-def _h1_answer(head: h11.Response, body: bytes) -> UpstreamResponse:
-    headers = [(k, v) for k, v in head.headers.raw_items() if k.lower() not in _HOP_BY_HOP_BYTES]
-    return UpstreamResponse(status_code=head.status_code, reason=head.reason.decode("latin-1"), headers=headers, content=body)
-
-
-def _h2_answer(head: list[tuple[bytes, bytes]], body: bytes) -> UpstreamResponse:
-    status = int(next(v for k, v in head if k == b":status"))
-    try:
-        reason = HTTPStatus(status).phrase
-    except ValueError:
-        reason = ""
-    headers = [(k, v) for k, v in head if not k.startswith(b":") and k.lower() not in _HOP_BY_HOP_BYTES]
-    return UpstreamResponse(status_code=status, reason=reason, headers=headers, content=body)
-
-
 def _timeout_text(timeouts: Timeouts, deadline_expired: bool, written: bool, acquired: bool) -> str:
     if deadline_expired:
         return f"upstream_deadline passed ({timeouts.deadline:g}s)"
     if written:
         return f"no answer, or no progress in it, for {timeouts.idle:g}s (upstream_timeout)"
     return f"{'connect timeout' if acquired else 'no free upstream connection'} ({timeouts.connect:g}s)"
-
-
-def _prepare(
-    method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, keep_alive: bool = False
-) -> _Request:
-    """The request for either protocol; raises ValueError or h11.LocalProtocolError (nothing sent). Without
-    `keep_alive` it says `Connection: close`."""
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme not in _DEFAULT_PORTS:
-        raise ValueError(f"unsupported URL scheme {parts.scheme!r}")
-    host = parts.hostname
-    if not host:
-        raise ValueError(f"no host in {url!r}")
-    port = parts.port or _DEFAULT_PORTS[scheme]
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    sendable = [(k, v) for k, v in headers if k.lower() not in _HOP_BY_HOP_BYTES]
-    if not any(k.lower() == b"host" for k, _ in sendable):
-        sendable.insert(0, (b"host", parts.netloc.rpartition("@")[2].encode("idna")))
-    if content or method.upper() not in ("GET", "HEAD", "OPTIONS", "TRACE"):
-        sendable.append((b"content-length", str(len(content)).encode()))
-    h2_head = _h2_head(method, scheme, target, sendable)
-    if not keep_alive:
-        sendable.append((b"connection", b"close"))
-    h = h11.Connection(h11.CLIENT)  # validates the head (a header value the protocol forbids raises here)
-    events: list[h11.Event] = [h11.Request(method=method.encode(), target=target.encode("ascii", "strict"), headers=sendable)]
-    if content:
-        events.append(h11.Data(data=content))
-    events.append(h11.EndOfMessage())
-    chunks = [chunk for event in events for chunk in h.send_with_data_passthrough(event) or ()]  # the body not copied
-    return _Request((scheme, host, port), h, chunks, h2_head, content)
-
-
-def _h2_head(method: str, scheme: str, target: str, sendable: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The HTTP/2 head: pseudo-headers first (`Host` becomes `:authority`), names lower-case."""
-    authority = next(v for k, v in sendable if k.lower() == b"host")
-    pseudo = [(b":method", method.encode()), (b":scheme", scheme.encode()), (b":authority", authority), (b":path", target.encode())]
-    return pseudo + [(k.lower(), v) for k, v in sendable if k.lower() != b"host"]
 
 
 def _ssl_context(tls: TLSSettings, alpn: list[str]) -> ssl.SSLContext:

@@ -6,7 +6,8 @@ recorded that original's verdict (`settled`). One for an original another replic
 single shared poll: one task, one query for all such originals at a time (on a journal thread), with backoff
 from POLL_MIN to POLL_MAX while nothing changes; it ends when nobody waits. A waiter also stops at its own
 deadline (`max_wait`) and when its client has left, which it checks every CLIENT_CHECK seconds (the client's
-connection shows it; no event announces it while a request hook runs).
+connection shows it; no event announces it while a request hook runs). The agent API's `wait` (agents/) is
+the same poll, waiting a receipt out of every open state.
 """
 
 import asyncio
@@ -33,9 +34,14 @@ class _Watch:
 
 
 class VerdictWaiters:
-    def __init__(self, read_states: Callable[[Sequence[str]], Awaitable[dict[str, str]]]):
-        """`read_states(operation_ids)`: their current states, read off the event loop (one query)."""
+    def __init__(
+        self, read_states: Callable[[Sequence[str]], Awaitable[dict[str, str]]], waiting_in: frozenset[str] = _IN_FLIGHT
+    ):
+        """`read_states(operation_ids)`: their current states, read off the event loop (one query). `waiting_in`:
+        the states a receipt is waited out of (in flight, for a repeat; every open state, for the agent API's
+        `wait`)."""
         self._read_states = read_states
+        self._waiting_in = waiting_in
         self._watches: dict[str, _Watch] = {}
         self._poller: asyncio.Task[None] | None = None
         self._poll_again = asyncio.Event()
@@ -94,7 +100,7 @@ class VerdictWaiters:
                 log.warning("in_flight_poll_failed", error=str(e))
                 continue
             for op in watched:
-                if states.get(op) not in _IN_FLIGHT:  # a verdict, or the receipt is gone
+                if states.get(op) not in self._waiting_in:  # a verdict, or the receipt is gone
                     self.settled(op)
 
     async def aclose(self) -> None:

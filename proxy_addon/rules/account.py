@@ -2,38 +2,17 @@
 
 Two agents with different API keys may send the same body; they are different intents. Every secret header
 but the rotating ones counts (rules/redaction.py says which). The same key gives a secret field's value its part in
-the intent's identity (`digest`, used by rules/fingerprint.py). The HMAC key comes from `RECEIPTS_SECRET` (give
-every replica the same one) or from a local file created with mode 0600.
+the intent's identity (`digest`, used by rules/fingerprint.py). The HMAC key comes in as bytes: keyfiles.py reads it
+from `RECEIPTS_SECRET` (give every replica the same one) or from a local file created with mode 0600.
 """
 
 import hashlib
 import hmac
-import os
-from pathlib import Path
 
-from proxy_addon.exceptions import ConfigError
-from proxy_addon.keyfiles import create_once
 from proxy_addon.rules.redaction import counts_for_account
 from proxy_addon.rules.signing import NO_SIGNING, Signing, account_part
 
-SECRET_ENV = "RECEIPTS_SECRET"
 ANONYMOUS = "anonymous"
-
-
-def load_or_create_key(path: str | Path) -> bytes:
-    env = os.environ.get(SECRET_ENV)
-    if env:
-        return env.encode()
-    path = Path(path)
-    if not path.exists():
-        create_once(path, os.urandom(32).hex().encode(), 0o600, "secret_file")
-    try:
-        key = path.read_text().strip()
-    except OSError as e:
-        raise ConfigError(f"secret_file {path}: cannot read it: {e.strerror}") from None
-    if len(key) < 32:
-        raise ConfigError(f"secret_file {path}: too short to be a key (want 32+ characters)")
-    return key.encode()
 
 
 class AccountHasher:

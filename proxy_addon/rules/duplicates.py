@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from proxy_addon.config import AfterSuccess
-from proxy_addon.request import answers
-from proxy_addon.request.answers import Answer
+from proxy_addon.rules import answers
+from proxy_addon.rules.answers import Answer
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import Blocker, BlockKind, ReceiptRecord
 from proxy_addon.rules.redaction import REDACTED
 from proxy_addon.rules.states import IN_FLIGHT_STATES, RefusalReason

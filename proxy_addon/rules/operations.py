@@ -4,6 +4,7 @@ external id is, how the reconciler reads it), validated at load with one line na
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from functools import cached_property
 from typing import Any, Literal
 
@@ -86,6 +87,9 @@ class CursorPaging(StrictModel):
     value: JsonPathField
     into: str
     more: JsonPathField | None = None
+    # the cursor is a page number (PocketBase's `$.page`) and this the last page's (`$.totalPages`): the next read
+    # asks for the page after, until the last
+    last: JsonPathField | None = None
 
     @field_validator("into")
     @classmethod
@@ -103,10 +107,16 @@ class ReconcileRule(StrictModel):
     body: Any = None  # POST only: a JSON template; "{body.FIELD}" alone in a string is the field's JSON value
     headers: dict[str, str] = Field(default_factory=dict)
     aws_sigv4: AwsSigV4 | None = None  # sign the read the AWS way (S3, DynamoDB), with the reconciler's own keys
+    # sign the read with Azure Storage's Shared Key (reconcile/azure_shared_key.py): the reconciler's own
+    # AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY
+    azure_shared_key: bool = False
     items: JsonPathField | None = None
     match: dict[str, str] = Field(default_factory=dict)
     # refuse: a request without one of the match fields goes to a person; skip: compare the ones it has (one at least)
     match_when_missing: Literal["refuse", "skip"] = "refuse"
+    # equal: each match pair's values are equal; each_field: the request's value is an object, and each of its
+    # fields equals the candidate's field of that name (one the candidate lacks: under skip, left out)
+    match_compare: Literal["equal", "each_field"] = "equal"
     id: AnswerFieldType | None = None  # a JSON path, or header:NAME for a lookup
     settle: Duration = 0.0
     attempts: int = Field(default=3, ge=1, le=100)
@@ -155,6 +165,8 @@ class ReconcileRule(StrictModel):
             raise ValueError("cursor pages a search, instead of next_page")
         if self.body is not None and self.method != "POST":
             raise ValueError("body is sent only with method POST")
+        if self.aws_sigv4 is not None and self.azure_shared_key:
+            raise ValueError("a read is signed either aws_sigv4 or azure_shared_key, not both")
         return self
 
     @cached_property
@@ -184,6 +196,9 @@ class OperationRule(StrictModel):
     approval: ApprovalSetting | None = None  # None: the host's; `required`: a person approves each intent first
     # why this write cannot be read back (SQS SendMessage): its unknowns go to a person, with this reason
     unreadable: str | None = None
+    # only requests whose query has each of these parameters with this value (null: without it), as Azure Storage
+    # tells a Put Block List (`comp: blocklist`) from a Put Blob on the same path
+    query: dict[str, str | None] = Field(default_factory=dict)
 
     @field_validator("method")
     @classmethod
@@ -225,6 +240,15 @@ class OperationRule(StrictModel):
     @cached_property
     def path_regex(self) -> re.Pattern[str]:
         return compile_path_template(self.path)
+
+    def matches_query(self, query: Iterable[tuple[str, str]]) -> bool:
+        """The request's query has what the rule's `query` asks: each parameter with its value, or absent."""
+        if not self.query:
+            return True
+        given: dict[str, set[str]] = {}
+        for name, value in query:
+            given.setdefault(name, set()).add(value)
+        return all(name not in given if value is None else value in given.get(name, ()) for name, value in self.query.items())
 
 
 def known_placeholder(name: str) -> bool:

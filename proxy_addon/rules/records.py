@@ -7,7 +7,7 @@ tests use them without the storage layer.
 import uuid
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any
 
 from proxy_addon.rules.states import State
@@ -41,6 +41,7 @@ class Intent:
     request_body_truncated: bool = False
     body_note: str | None = None
     proxy_instance: str | None = None
+    agent: str | None = None  # who sent it (its proxy authentication), recorded; never part of its identity
     operation_id: str = field(default_factory=new_operation_id)
 
 
@@ -86,6 +87,7 @@ class ReceiptRecord:
     next_attempt_at: datetime | None
     lease_owner: str | None
     lease_expires_at: datetime | None
+    agent: str | None = None  # the agent that made the write; None: an anonymous agent
 
     def response_header_pairs(self) -> list[tuple[str, str]]:
         """The stored answer's headers in order, as (name, value); rows from before migration 0003 kept a dict."""
@@ -100,6 +102,19 @@ class ReceiptRecord:
 
 
 RECEIPT_FIELDS = tuple(f.name for f in fields(ReceiptRecord))
+
+
+class AnyAgent(Enum):
+    """The type of ANY_AGENT (a sentinel, since None already means something: the anonymous agents)."""
+
+    ANY = "any"
+
+
+ANY_AGENT = AnyAgent.ANY
+# Whose receipts a list holds: ANY_AGENT (everyone's: the default of the people's tools), an agent's name (that
+# agent's only), or None (the anonymous agents' only). What an agent may see of its own receipts is exactly
+# `agent_of(flow)` (agents/identity.py): a name, or None when it is anonymous (the anonymous share one scope).
+AgentFilter = str | None | AnyAgent
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,7 @@ class RefusalRecord:
     host: str
     path: str
     proxy_instance: str | None
+    agent: str | None = None  # the agent refused; None: an anonymous agent
 
 
 @dataclass(frozen=True)

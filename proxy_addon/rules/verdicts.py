@@ -5,11 +5,11 @@ from typing import Any
 
 from mitmproxy.net import encoding as mitm_encoding
 
-from proxy_addon.config import HostPolicy
-from proxy_addon.request.sender import SendEnd, SendResult
 from proxy_addon.rules.operations import OperationRule
+from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import Verdict
 from proxy_addon.rules.redaction import error_text, redact_document, redact_header_list
+from proxy_addon.rules.send_result import SendEnd, SendResult
 from proxy_addon.rules.states import State
 from proxy_addon.units import compile_jsonpath
 

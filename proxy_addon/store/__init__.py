@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 class ReceiptStore:
     def __init__(self, engine: "Engine"):
-        # The parts are imported when a store is made, not with this package: the journal writer process
-        # imports the tables alone (store/tables.py), and none of the rest, whose imports it would pay at start.
+        # The parts are imported when a store is made, not with this package: a module that imports it for the
+        # name alone pays for none of them (the journal writer process imports journal/, never the store).
         from proxy_addon.store.approvals import Approvals
         from proxy_addon.store.audit import AuditTrail
         from proxy_addon.store.controls import ControlRuns

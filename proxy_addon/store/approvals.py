@@ -11,10 +11,10 @@ from sqlalchemy import Table, func, select, update
 
 from proxy_addon import metrics
 from proxy_addon.exceptions import ApprovalNotFoundError, NotDecidableError
+from proxy_addon.journal.tables import Approval
 from proxy_addon.rules.records import ApprovalRecord, utcnow
 from proxy_addon.rules.states import ApprovalState
 from proxy_addon.store.database import Database
-from proxy_addon.store.tables import Approval
 
 approvals: Table = Approval.__table__  # type: ignore[assignment]
 DECISIONS = {"approve": ApprovalState.APPROVED, "deny": ApprovalState.DENIED}

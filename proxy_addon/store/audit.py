@@ -11,10 +11,10 @@ from typing import Any
 from sqlalchemy import Connection, Table, insert, literal, select, update
 
 from proxy_addon.audit.chain import Chain, Identity, chained, genesis
+from proxy_addon.journal.tables import AuditCheckpoint, AuditEvent
 from proxy_addon.rules.records import AuditEventRecord, CheckpointRecord, utcnow
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import receipts, transitions
-from proxy_addon.store.tables import AuditCheckpoint, AuditEvent
 
 MakeCheckpoint = Callable[[list[list[str]], str | None, str | None], dict[str, Any]]
 """(heads, the latest checkpoint's signed document or None, a note) -> a new checkpoint's row."""

@@ -5,10 +5,10 @@ from datetime import datetime
 
 from sqlalchemy import Table, func, insert, select
 
+from proxy_addon.journal.tables import Receipt, VerifierControl
 from proxy_addon.rules.records import ControlRunRecord, ReceiptRecord
 from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
-from proxy_addon.store.tables import Receipt, VerifierControl
 
 controls: Table = VerifierControl.__table__  # type: ignore[assignment]
 receipts: Table = Receipt.__table__  # type: ignore[assignment]

@@ -10,11 +10,11 @@ from datetime import timedelta
 from sqlalchemy import ColumnElement, Table, exists, func, insert, or_, select, update
 
 from proxy_addon.exceptions import StaleStateError
+from proxy_addon.journal.tables import ProxyInstance
 from proxy_addon.rules.records import Recovered
 from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import StoredReceipts, receipts
-from proxy_addon.store.tables import ProxyInstance
 
 instances: Table = ProxyInstance.__table__  # type: ignore[assignment]
 _UNSETTLED = [State.PLANNED.value, State.SUBMITTED.value]

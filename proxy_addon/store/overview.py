@@ -20,11 +20,11 @@ from typing import Any
 
 from sqlalchemy import Select, Table, and_, case, func, literal, select
 
+from proxy_addon.journal.tables import Approval, ProxyInstance
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import ApprovalState, State
 from proxy_addon.store.database import Database
 from proxy_addon.store.receipts import receipts
-from proxy_addon.store.tables import Approval, ProxyInstance
 
 RECENT_ROWS = 50_000  # receipts the chart counts at most: the newest of its span (it says so when it is cut)
 PENDING_ROWS = 1_000  # pending approvals weighed at most, the longest waiting first

@@ -7,7 +7,7 @@ from sqlalchemy import Connection, select
 
 from proxy_addon import metrics
 from proxy_addon.exceptions import StaleStateError
-from proxy_addon.journal.writes import Step
+from proxy_addon.journal.rows import Step
 from proxy_addon.rules.records import ReceiptRecord
 from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database

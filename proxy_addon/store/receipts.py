@@ -20,22 +20,33 @@ The write a newcomer looks for, top to bottom in this file:
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Table, select
 
 from proxy_addon import metrics
-from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import ApprovalNeededError, DuplicateIntentError, ReceiptNotFoundError
+from proxy_addon.journal.driver import Cursor
+from proxy_addon.journal.rows import Foreseen, NewReceipt, Step
 from proxy_addon.journal.statements import DriverStatements
-from proxy_addon.journal.writes import Cursor, JournalWrites, NewReceipt, Step
+from proxy_addon.journal.tables import Receipt, ReceiptTransition
+from proxy_addon.journal.writes import JournalWrites
 from proxy_addon.rules.approvals import ApprovalAsk
 from proxy_addon.rules.duplicates import successes_block_for
-from proxy_addon.rules.records import ApprovalRecord, Blocker, Intent, ReceiptRecord, TransitionRecord, utcnow
+from proxy_addon.rules.policy import AfterSuccess
+from proxy_addon.rules.records import (
+    ANY_AGENT,
+    AgentFilter,
+    ApprovalRecord,
+    Blocker,
+    Intent,
+    ReceiptRecord,
+    TransitionRecord,
+    utcnow,
+)
 from proxy_addon.rules.states import State
 from proxy_addon.store.database import Database
-from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 receipts: Table = Receipt.__table__  # type: ignore[assignment]
 transitions: Table = ReceiptTransition.__table__  # type: ignore[assignment]
@@ -120,6 +131,13 @@ class StoredReceipts:
         with self.db.storage_errors(), self.db.reading() as conn:
             return self.writes(conn).blocker(again, successes_block_for(after_success))
 
+    def foresee(self, intent: Intent, after_success: AfterSuccess, approval: ApprovalAsk | None = None) -> Foreseen:
+        """What `record_and_submit` would decide for this intent now, in a read-only transaction: nothing is
+        recorded and no approval is asked for (writes.py, `foresee`)."""
+        new = NewReceipt(intent, successes_block_for(after_success), intent.proxy_instance, at=utcnow(), approval=approval)
+        with self.db.storage_errors(), self.db.reading() as conn:
+            return self.writes(conn).foresee(new)
+
     # -- reads ------------------------------------------------------------------------------------------------
 
     def states(self, operation_ids: Sequence[str]) -> dict[str, str]:
@@ -148,14 +166,24 @@ class StoredReceipts:
         limit: int | None = 100,
         port: int | None = None,
         after: str | None = None,
+        operation: str | None = None,
+        since: datetime | None = None,
+        agent: AgentFilter = ANY_AGENT,
     ) -> list[ReceiptRecord]:
         """Newest first (journal order); `host` with `port` (when given) is the target as `receipts ls --host
         host:port` names it. `after` pages by key: the receipts journaled before that one (ReceiptNotFoundError
         when there is none), so a page costs its own rows however deep it is, where an OFFSET reads every row
-        before it."""
+        before it. `agent`: everyone's (ANY_AGENT), one agent's (its name), or the anonymous ones' (None)
+        (rules/records.py, AgentFilter); ix_receipts_agent_seq serves the last two. `operation` and `since`
+        (created at or after) have no index of their own: they narrow what the index read from the cursor on
+        gives, row by row."""
         q = select(receipts).order_by(receipts.c.seq.desc())
         if after is not None:
             q = q.where(receipts.c.seq < self._seq_of(after))
+        if agent is None:
+            q = q.where(receipts.c.agent.is_(None))
+        elif agent is not ANY_AGENT:
+            q = q.where(receipts.c.agent == agent)
         if states:
             q = q.where(receipts.c.state.in_([State(s).value for s in states]))
         if host:
@@ -164,6 +192,10 @@ class StoredReceipts:
             q = q.where(receipts.c.port == port)
         if older_than is not None:
             q = q.where(receipts.c.created_at <= utcnow() - older_than)
+        if operation is not None:
+            q = q.where(receipts.c.operation == operation)
+        if since is not None:
+            q = q.where(receipts.c.created_at >= since)
         if limit is not None:
             q = q.limit(limit)
         with self.db.storage_errors(), self.db.reading() as conn:

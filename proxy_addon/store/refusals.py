@@ -4,10 +4,10 @@ from datetime import datetime
 
 from sqlalchemy import Table, insert, select
 
+from proxy_addon.journal.tables import DuplicateRefusal
 from proxy_addon.rules.records import Intent, RefusalRecord, utcnow
 from proxy_addon.rules.states import RefusalReason
 from proxy_addon.store.database import Database
-from proxy_addon.store.tables import DuplicateRefusal
 
 refusals: Table = DuplicateRefusal.__table__  # type: ignore[assignment]
 
@@ -30,6 +30,7 @@ class Refusals:
             "host": intent.host,
             "path": intent.path,
             "proxy_instance": proxy_instance,
+            "agent": intent.agent,
         }
         with self.db.writing() as conn:
             row = conn.execute(insert(refusals).values(**values).returning(*refusals.c)).one()

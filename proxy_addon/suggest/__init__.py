@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from proxy_addon.exceptions import OpenApiError
-from proxy_addon.protocols.hosts import check_host_key
+from proxy_addon.rules.hosts import check_host_key
 from proxy_addon.suggest.openapi import WRITE_METHODS, Api, load_document, read_api
 from proxy_addon.suggest.render import render
 from proxy_addon.suggest.suggest import Suggestion, suggest

@@ -13,7 +13,8 @@ from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from proxy_addon.rules.records import ReceiptRecord, TransitionRecord
+from proxy_addon.agents.tokens import AGENT_NAME_MAX, ANONYMOUS_AGENT
+from proxy_addon.rules.records import AgentFilter, ReceiptRecord, TransitionRecord
 from proxy_addon.rules.states import OPEN_STATES, State
 from proxy_addon.views.journaled import RequestView, ResponseView, request_view, response_view
 
@@ -38,6 +39,10 @@ class ReceiptView(BaseModel):
     query: str | None = Field(description="the query, secret parameters redacted")
     intent_fingerprint: str = Field(pattern=r"^sha256:[0-9a-f]+$")
     account: str = Field(description="a keyed hash of the credentials, never the credentials")
+    agent: str | None = Field(
+        description="the agent that made the write, by the name it gave with proxy authentication "
+        "(config `agents:`); null: an anonymous agent"
+    )
     idempotency_key: str | None
     state: State
     created_at: datetime = Field(description=_TIME)
@@ -81,6 +86,7 @@ PUBLIC_COLUMNS: tuple[str, ...] = tuple(ReceiptView.model_fields)
 LIST_COLUMNS: dict[str, str] = {
     "operation_id": "operation_id",
     "state": "state",
+    "agent": "agent",
     "operation": "operation",
     "host": "host",
     "status": "status_code",
@@ -171,6 +177,17 @@ def parse_host_filter(text: str) -> HostFilter:
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"invalid port in host {text!r} (a number from 1 to 65535)")
     return HostFilter(host, int(port))
+
+
+def parse_agent_filter(text: str) -> AgentFilter:
+    """`--agent` / `?agent=`: an agent's name (that agent's receipts), or `anonymous` (those of agents that gave
+    none: a name no agent may have); ValueError names a bad one."""
+    name = text.strip()
+    if name == ANONYMOUS_AGENT:
+        return None
+    if not name or len(name) > AGENT_NAME_MAX or not name.isprintable():
+        raise ValueError(f"invalid agent {text[:80]!r} (an agent's name, or {ANONYMOUS_AGENT})")
+    return name
 
 
 def json_default(value: Any) -> Any:

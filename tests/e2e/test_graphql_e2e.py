@@ -158,8 +158,9 @@ def test_an_unknown_outcome_is_a_graphql_error_naming_the_receipt_and_is_reconci
     [receipt] = receipts_of(env, title)
     assert receipt.state == "outcome_unknown"
     unknown, refused = (e["extensions"] for e in errors)
-    assert unknown == {"code": "outcome-unknown", "operation_id": receipt.operation_id, "state": "outcome_unknown"}
-    assert refused == {"code": "duplicate-open", "operation_id": receipt.operation_id, "state": "outcome_unknown"}
+    url = f"http://receipts.internal/receipts/{receipt.operation_id}"  # where the agent asks later (the agent API)
+    assert unknown == {"code": "outcome-unknown", "operation_id": receipt.operation_id, "state": "outcome_unknown", "receipt_url": url}
+    assert refused == {"code": "duplicate-open", "operation_id": receipt.operation_id, "state": "outcome_unknown", "receipt_url": url}
     assert receipt.operation_id in errors[1]["message"]
     assert env.tracker.ran("createIssue") == before + 1  # the retry was not sent
 

@@ -39,8 +39,8 @@ from support.recording_upstream import Reception
 from proxy_addon.audit.chain import Chain, Identity
 from proxy_addon.audit.verify import check_chain
 from proxy_addon.db import make_engine
+from proxy_addon.journal.tables import Receipt, ReceiptCount, ReceiptTransition
 from proxy_addon.rules.states import TERMINAL_STATES, State, is_allowed
-from proxy_addon.store.tables import Receipt, ReceiptCount, ReceiptTransition
 
 RETRYABLE_TERMINAL = frozenset({State.REJECTED.value, State.SAFE_TO_RETRY.value})
 UNSETTLED = frozenset({State.PLANNED.value, State.SUBMITTED.value})

@@ -31,7 +31,7 @@ from support.upstream import start_upstream
 from faults.invariants import SUMMARY, ScenarioRow
 from proxy_addon.config import DEFAULT_REDACT_FIELDS, ReceiptsConfig, parse_config
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.request.facts import RequestFacts
+from proxy_addon.protocols.facts import RequestFacts
 from proxy_addon.rules.account import AccountHasher
 from proxy_addon.rules.fingerprint import analyse_body, intent_fingerprint
 from proxy_addon.rules.intent import build_intent

@@ -21,7 +21,7 @@ from support.recording_upstream import RESET, SLOW, SUCCESS
 from faults.fault_harness import MIXED, Agents, Intent, answered_ids, burst, fault_config, intent_pool, load_topology
 from faults.invariants import check_scenario
 from proxy_addon.db import make_engine
-from proxy_addon.store.tables import ProxyInstance
+from proxy_addon.journal.tables import ProxyInstance
 
 BURST_MODES = [SUCCESS, SLOW, RESET, SLOW]  # no reject: a rejected receipt invites a retry
 PER_PROXY = 5

@@ -21,8 +21,9 @@ import httpx
 import yaml
 
 from proxy_addon.config import ReceiptsConfig, parse_config
-from proxy_addon.request.facts import RequestFacts
-from proxy_addon.rules.account import AccountHasher, load_or_create_key
+from proxy_addon.keyfiles import load_or_create_key
+from proxy_addon.protocols.facts import RequestFacts
+from proxy_addon.rules.account import AccountHasher
 from proxy_addon.rules.intent import build_intent
 from proxy_addon.rules.records import new_operation_id
 from proxy_addon.rules.states import State

@@ -83,16 +83,17 @@ def start_inprocess_proxy(config_path: Path, database_url: str, confdir: Path, *
 
 
 def start_proxy_process(
-    config_path: Path, database_url: str, confdir: Path, log_path: Path, port: int | None = None, env: dict | None = None
+    config_path: Path, database_url: str, confdir: Path, log_path: Path, port: int | None = None, env: dict | None = None,
+    args: tuple[str, ...] = (),
 ):
-    """`receipts proxy` as its own process (with `env` added to its environment); returns (Popen, port) once
-    it accepts connections."""
+    """`receipts proxy` as its own process (with `env` added to its environment, `args` to its command line);
+    returns (Popen, port) once it accepts connections."""
     port = port or free_port()
     env = {**os.environ, "RECEIPTS_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1", **(env or {})}
     log = open(log_path, "ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy_addon.cli", "proxy", "--config", str(config_path),
-         "--listen-port", str(port), "--confdir", str(confdir)],
+         "--listen-port", str(port), "--confdir", str(confdir), *args],
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(config_path.parent),
     )
     deadline = time.monotonic() + 30

@@ -21,9 +21,10 @@ from sqlalchemy import text
 
 from proxy_addon.config import ReceiptsConfig, load_config
 from proxy_addon.db import make_engine
+from proxy_addon.keyfiles import load_or_create_key
+from proxy_addon.protocols.facts import RequestFacts, split_query
 from proxy_addon.reconcile.worker import PassReport, Reconciler
-from proxy_addon.request.facts import RequestFacts, split_query
-from proxy_addon.rules.account import AccountHasher, load_or_create_key
+from proxy_addon.rules.account import AccountHasher
 from proxy_addon.rules.intent import build_intent
 from proxy_addon.rules.records import TransitionRecord, new_operation_id
 from proxy_addon.rules.states import State

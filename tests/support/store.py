@@ -9,8 +9,8 @@ from pathlib import Path
 
 from sqlalchemy import Table, func, select
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import Intent, ReceiptRecord, utcnow
 from proxy_addon.rules.states import ALLOWED_TRANSITIONS, State
 from proxy_addon.store import ReceiptStore

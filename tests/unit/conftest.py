@@ -11,7 +11,7 @@ from support.e2e import migrate
 from support.handler import FakeSender
 
 from proxy_addon.addons.receipts import Receipts
-from proxy_addon.journal.client import WriterThread
+from proxy_addon.journal.links import WriterThread
 from proxy_addon.request.sender import SendResult
 
 

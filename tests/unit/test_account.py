@@ -11,7 +11,8 @@ import pytest
 
 from proxy_addon.config import BUILTIN_SECRET_HEADERS
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.rules.account import ANONYMOUS, SECRET_ENV, AccountHasher, load_or_create_key
+from proxy_addon.keyfiles import SECRET_ENV, load_or_create_key
+from proxy_addon.rules.account import ANONYMOUS, AccountHasher
 from proxy_addon.rules.signing import SIGNER
 
 SECRET = "hunter2-s3cr3t"

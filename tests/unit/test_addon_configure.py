@@ -7,7 +7,7 @@ from mitmproxy.test import taddons
 
 from proxy_addon.addons.receipts import Receipts
 from proxy_addon.db import alembic_config
-from proxy_addon.rules.account import SECRET_ENV
+from proxy_addon.keyfiles import SECRET_ENV
 
 
 @pytest.fixture

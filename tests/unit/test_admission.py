@@ -11,7 +11,7 @@ from mitmproxy.test import taddons, tflow, tutils
 from proxy_addon.addons.admission import Admission, OwnAddresses, bad_request
 from proxy_addon.config import parse_config
 from proxy_addon.log import scrub_standard_logging
-from proxy_addon.request.facts import RequestFacts, split_query
+from proxy_addon.protocols.facts import RequestFacts, split_query
 
 
 def own(*entries: tuple[str, int]) -> OwnAddresses:

@@ -1,4 +1,4 @@
-"""The answers the proxy gives (request/answers.py): an `Answer`'s headers as they go out, the upstream's answer
+"""The answers the proxy gives (rules/answers.py): an `Answer`'s headers as they go out, the upstream's answer
 passed on as it came, and each problem+json of ours: its status, type, the receipt it names, and what it tells
 the agent about retrying."""
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from proxy_addon.request import answers
 from proxy_addon.request.sender import UpstreamResponse
+from proxy_addon.rules import answers
 
 
 def document(a: answers.Answer) -> dict:

@@ -15,17 +15,19 @@ from support.e2e import failing_receipt_writes, migrate
 from support.pg import libpq_url
 from support.store import S, intent
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import ApprovalNeededError, ApprovalNotFoundError, DuplicateIntentError, NotDecidableError
 from proxy_addon.journal.connection import DriverConnection
+from proxy_addon.journal.driver import OnDriver
 from proxy_addon.journal.messages import AwaitingApproval, Done, Failed, Record
+from proxy_addon.journal.rows import NewReceipt
+from proxy_addon.journal.tables import Receipt
 from proxy_addon.journal.writer import JournalWriter, _one_statement
-from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver
+from proxy_addon.journal.writes import JournalWrites
 from proxy_addon.rules.approvals import ApprovalAsk
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import ApprovalRecord, Blocker, BlockKind, new_operation_id
 from proxy_addon.store import ReceiptStore
-from proxy_addon.store.tables import Receipt
 
 ASK = ApprovalAsk(expires=3600)
 ALLOW = AfterSuccess(policy="allow")

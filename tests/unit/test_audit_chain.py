@@ -16,14 +16,16 @@ from proxy_addon.audit.checkpoint import make_checkpoint
 from proxy_addon.audit.verify import Report, Tampering, verify
 from proxy_addon.db import alembic_config, make_engine
 from proxy_addon.journal.connection import DriverConnection
+from proxy_addon.journal.driver import OnDriver
 from proxy_addon.journal.messages import Advance, Done, Record
+from proxy_addon.journal.rows import NewReceipt, Step
+from proxy_addon.journal.tables import UTCDateTime
 from proxy_addon.journal.writer import JournalWriter
-from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
+from proxy_addon.journal.writes import JournalWrites
 from proxy_addon.rules.records import utcnow
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store.audit import checkpoints
 from proxy_addon.store.receipts import receipts, transitions
-from proxy_addon.store.tables import UTCDateTime
 from proxy_addon.views.review import resolve
 
 ODD_DETAIL = {"note": "é ✓ \"quoted\"", "elapsed_ms": 12.3, "big": 2**53 + 1, "nested": {"b": 1, "a": [1, 2.5, None, True]}}

@@ -11,8 +11,8 @@ from proxy_addon.config import parse_config
 from proxy_addon.protocols import routing
 from proxy_addon.protocols.aws import AwsJsonCall, AwsQueryCall
 from proxy_addon.protocols.base import Call
-from proxy_addon.request import answers
-from proxy_addon.request.facts import RequestFacts
+from proxy_addon.protocols.facts import RequestFacts
+from proxy_addon.rules import answers
 
 CONFIG = parse_config("{}")
 FORM = "application/x-www-form-urlencoded; charset=utf-8"

@@ -450,7 +450,7 @@ def test_paths_in_a_config_are_relative_to_it_from_another_directory(tmp_path):
 
 def test_the_secret_file_and_the_default_database_sit_beside_the_config(tmp_path, monkeypatch):
     from proxy_addon.config import load_config
-    from proxy_addon.rules.account import load_or_create_key
+    from proxy_addon.keyfiles import load_or_create_key
 
     confdir = tmp_path / "conf"
     confdir.mkdir()

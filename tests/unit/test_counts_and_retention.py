@@ -16,11 +16,11 @@ from support.store import S, intent, recorded, walk
 from proxy_addon.addons.housekeeping import Housekeeping
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError
+from proxy_addon.journal.tables import ReceiptCount, VerifierControl
 from proxy_addon.rules.records import utcnow
 from proxy_addon.store import ReceiptStore
 from proxy_addon.store import retention as retention_module
 from proxy_addon.store.receipts import receipts
-from proxy_addon.store.tables import ReceiptCount, VerifierControl
 
 counts_table = ReceiptCount.__table__
 
@@ -68,6 +68,7 @@ def test_the_kept_counts_equal_count_by_host_and_state_after_every_kind_of_chang
 
 def test_prune_goes_in_batches_resumes_where_it_stopped_and_keeps_the_counts(store, monkeypatch):
     monkeypatch.setattr(retention_module, "BATCH", 3)
+    monkeypatch.setattr(retention_module, "PG_BATCH", 3)
     doomed = []
     for _ in range(8):
         op = recorded(store, intent()).operation_id

@@ -9,9 +9,8 @@ from datetime import timedelta
 import pytest
 from support.store import fp, intent
 
-from proxy_addon.config import AfterSuccess
-from proxy_addon.request import answers
-from proxy_addon.rules import duplicates
+from proxy_addon.rules import answers, duplicates
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import Blocker, BlockKind, ReceiptRecord, utcnow
 from proxy_addon.rules.redaction import REDACTED
 from proxy_addon.rules.states import RefusalReason, State

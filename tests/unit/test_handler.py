@@ -216,7 +216,7 @@ def test_a_bug_in_the_handler_fails_closed_too(journal, monkeypatch):
     def broken(*_a: Any, **_kw: Any) -> None:
         raise KeyError("a bug")
 
-    monkeypatch.setattr("proxy_addon.request.handler.build_intent", broken)
+    monkeypatch.setattr("proxy_addon.request.handler.write_intent", broken)
     before = counted("receipts_journal_unavailable_total", action="refused")
     flow = run(post())
     assert flow.response.status_code == 503 and "internal error: KeyError" in json.loads(flow.response.content)["detail"]

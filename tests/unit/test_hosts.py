@@ -1,9 +1,9 @@
-"""Hosts (protocols/hosts.py): the model APIs that pass through by default, the host keys config.yaml may write,
+"""Hosts (rules/hosts.py): the model APIs that pass through by default, the host keys config.yaml may write,
 and which entry a request's host and port find. The same through a whole config: test_protocols.py."""
 
 import pytest
 
-from proxy_addon.protocols.hosts import MODEL_APIS, check_host_key, find_host_entry, is_model_api
+from proxy_addon.rules.hosts import MODEL_APIS, check_host_key, find_host_entry, is_model_api
 
 
 @pytest.mark.parametrize(

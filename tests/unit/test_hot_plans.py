@@ -19,14 +19,15 @@ import pytest
 from sqlalchemy import event, insert, text
 from support.store import fp, intent
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
 from proxy_addon.journal.connection import DriverConnection
-from proxy_addon.journal.writes import JournalWrites, NewReceipt, Step
+from proxy_addon.journal.rows import NewReceipt, Step
+from proxy_addon.journal.tables import Receipt, ReceiptTransition
+from proxy_addon.journal.writes import JournalWrites
 from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import utcnow
 from proxy_addon.store import ReceiptStore
-from proxy_addon.store.tables import Receipt, ReceiptTransition
 
 HISTORY = 20_000  # receipts of one account on one target
 ACCOUNT, HOST, PATH = "acct:skewed", "api.example.com", "/doc"
@@ -55,6 +56,7 @@ def seed(url: str) -> dict[str, str]:
             "intent_fingerprint": "sha256:" + hashlib.sha256(b"%d" % i).hexdigest(),
             "account": ACCOUNT if skewed else f"acct:other-{i % 500}", "idempotency_key": f"key-{i}", "state": "succeeded",
             "created_at": at, "updated_at": at, "submitted_at": at, "completed_at": at, "status_code": 200, "seq": i + 1,
+            "agent": "billing" if i % 2 else None,
         })  # fmt: skip
         history.append({"operation_id": op, "from_state": None, "to_state": "planned", "recorded_at": at, "detail": {}})
     try:
@@ -211,19 +213,21 @@ def sorts_or_scans(dialect: str, explained: list[tuple[str, Any]], in_order_inde
 
 
 def test_a_list_page_reads_its_index_from_the_cursor_on(skewed):
-    """`ls`, the review page and the admin API: a page of the newest receipts of a state or a host, and the page
-    after a given receipt, read their index in journal order and stop at the page's end; neither a scan nor a
-    sort of every receipt of that state or host (40,000 `succeeded` here)."""
+    """`ls`, the review page and the admin API: a page of the newest receipts of a state, a host or an agent (or
+    the anonymous ones), and the page after a given receipt, read their index in journal order and stop at the
+    page's end; neither a scan nor a sort of every receipt of that state, host or agent (40,000 `succeeded`
+    here, 20,000 of one agent)."""
     engine = make_engine(skewed[0])
 
     def pages(store: ReceiptStore) -> None:
         after = store.receipts.list(limit=50)[-1].operation_id
         for query in ({}, {"states": ["succeeded"]}, {"host": HOST}, {"states": ["succeeded"], "after": after},
-                      {"host": HOST, "after": after}, {"after": after}):
+                      {"host": HOST, "after": after}, {"after": after}, {"agent": "billing"}, {"agent": None},
+                      {"agent": "billing", "after": after}, {"agent": None, "after": after}):
             assert len(store.receipts.list(limit=50, **query)) == 50
 
     explained = explained_reads(engine, pages)
-    assert len(explained) >= 9
+    assert len(explained) >= 13
     found = sorts_or_scans(engine.dialect.name, explained, in_order_index="ix_receipts_seq")
     assert not found, "\n".join(found)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from proxy_addon.config import parse_config
-from proxy_addon.request.facts import RequestFacts
+from proxy_addon.protocols.facts import RequestFacts
 from proxy_addon.rules.account import AccountHasher
 from proxy_addon.rules.intent import build_intent
 

@@ -10,7 +10,6 @@ import pytest
 from support.e2e import migrate
 from support.store import intent
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.exceptions import (
     DuplicateOpenError,
     JournalTimeoutError,
@@ -18,10 +17,12 @@ from proxy_addon.exceptions import (
     StaleStateError,
     WriterLostError,
 )
-from proxy_addon.journal.client import JournalClient, WriterThread
+from proxy_addon.journal.client import JournalClient
+from proxy_addon.journal.links import WriterThread
 from proxy_addon.journal.messages import Blocked, Done, Failed, Ready, Record, Setup, frame, split_frames
 from proxy_addon.journal.writer import JournalWriter
 from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import Intent
 from proxy_addon.rules.states import State
 

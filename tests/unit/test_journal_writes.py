@@ -15,7 +15,6 @@ import pytest
 from support.e2e import failing_receipt_writes
 from support.store import S, fp, intent
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import (
     DuplicateIntentError,
@@ -25,10 +24,13 @@ from proxy_addon.exceptions import (
     StaleStateError,
 )
 from proxy_addon.journal.connection import DriverConnection
+from proxy_addon.journal.driver import OnDriver
 from proxy_addon.journal.messages import Advance, Blocked, Done, Failed, Record
+from proxy_addon.journal.rows import NewReceipt, Step
 from proxy_addon.journal.writer import JournalWriter
-from proxy_addon.journal.writes import JournalWrites, NewReceipt, OnDriver, Step
+from proxy_addon.journal.writes import JournalWrites
 from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import Blocker, Intent, ReceiptRecord
 from proxy_addon.store import ReceiptStore
 
@@ -308,7 +310,7 @@ def test_a_success_blocks_from_the_windows_start_to_its_end(both, monkeypatch):
         assert journal.record(first) == ("recorded",)
         assert journal.advance(first.operation_id, S.SUCCEEDED, {"status_code": 201, "completed_at": COMPLETED}) == ("advanced",)
         assert store.receipts.get(first.operation_id).completed_at == COMPLETED
-        monkeypatch.setattr("proxy_addon.journal.writes.utcnow", lambda now=now: now)
+        monkeypatch.setattr("proxy_addon.journal.rows.utcnow", lambda now=now: now)
         got[name] = journal.record(intent(first.intent_fingerprint, proxy_instance="me"))
         expected[name] = ("blocked", "succeeded", first.operation_id) if blocked else ("recorded",)
     assert got == expected
@@ -359,7 +361,7 @@ def test_of_two_successes_the_latest_is_the_one_replayed(both, monkeypatch):
         assert journal.record(it, ALLOW) == ("recorded",)
         assert journal.advance(it.operation_id, S.SUCCEEDED, {"status_code": 201, "completed_at": completed}) == ("advanced",)
         ops.append(it.operation_id)
-    monkeypatch.setattr("proxy_addon.journal.writes.utcnow", lambda: COMPLETED + timedelta(seconds=3))  # both in the window
+    monkeypatch.setattr("proxy_addon.journal.rows.utcnow", lambda: COMPLETED + timedelta(seconds=3))  # both in the window
     assert journal.record(intent(same, proxy_instance="me")) == ("blocked", "succeeded", ops[0])
 
 

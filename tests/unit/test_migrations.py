@@ -15,8 +15,8 @@ from proxy_addon.db import (
     make_engine,
 )
 from proxy_addon.exceptions import JournalUnavailableError, SchemaNotMigratedError
+from proxy_addon.journal.tables import Base
 from proxy_addon.store import ReceiptStore
-from proxy_addon.store.tables import Base
 
 TABLES = {"receipts", "receipt_transitions", "proxy_instances", "duplicate_refusals", "verifier_controls", "audit_checkpoints",
           "audit_events", "approvals", "receipt_counts"}

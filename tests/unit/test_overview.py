@@ -8,11 +8,11 @@ from datetime import timedelta
 from sqlalchemy import insert, update
 from support.store import intent, recorded, walk
 
+from proxy_addon.journal.tables import Approval, ProxyInstance
 from proxy_addon.rules.records import JournalStats, utcnow
 from proxy_addon.rules.states import State
 from proxy_addon.store.overview import LOST_WITHIN, RecentWrites
 from proxy_addon.store.receipts import receipts
-from proxy_addon.store.tables import Approval, ProxyInstance
 from proxy_addon.views import glance
 
 

@@ -141,7 +141,7 @@ def test_an_internal_error_is_said_in_the_protocols_shape_too(proxy, monkeypatch
     def broken(*_a: Any, **_kw: Any) -> None:
         raise KeyError("a bug")
 
-    monkeypatch.setattr("proxy_addon.request.handler.build_intent", broken)
+    monkeypatch.setattr("proxy_addon.request.handler.write_intent", broken)
     hooks, sender = proxy()
     call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "x", "arguments": {}}}
     f = hooks(flow("POST", path="/mcp", body=call))

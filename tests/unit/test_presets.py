@@ -19,7 +19,7 @@ def test_every_preset_is_a_valid_host_entry_with_named_rules(name):
 
 
 def test_known_presets():
-    assert {"stripe", "s3", "dynamodb", "sqs", "ses"} <= set(presets.known_presets())
+    assert {"stripe", "s3", "dynamodb", "sqs", "ses", "azure-blob", "pocketbase"} <= set(presets.known_presets())
 
 
 def test_a_hosts_own_keys_win():

@@ -17,12 +17,12 @@ from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError, UnreadableRuleError
 from proxy_addon.protocols import graphql, jsonrpc, routing, sse
 from proxy_addon.protocols.base import Call
-from proxy_addon.protocols.hosts import find_host_entry, is_model_api
+from proxy_addon.protocols.facts import RequestFacts
 from proxy_addon.reconcile.rules import fill_body
-from proxy_addon.request import answers
-from proxy_addon.request.facts import RequestFacts
 from proxy_addon.request.sender import SendEnd, SendResult, UpstreamResponse
+from proxy_addon.rules import answers
 from proxy_addon.rules.fingerprint import analyse_body, intent_fingerprint
+from proxy_addon.rules.hosts import find_host_entry, is_model_api
 from proxy_addon.rules.records import ReceiptRecord, Verdict
 from proxy_addon.rules.states import State
 

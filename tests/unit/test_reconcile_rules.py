@@ -5,6 +5,7 @@ worker that uses them, against real upstreams: test_reconcile.py."""
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
+from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 import pytest
 
@@ -139,3 +140,73 @@ def test_a_form_value_matches_the_number_the_server_answers_with():
 
     assert same_value(2000, "2000") and same_value(True, "true") and not same_value(2001, "2000")
     assert not same_value("2000", 2000.5)
+
+
+# -- and what azure-blob and pocketbase need: rules told apart by the query, each field compared, page numbers --
+
+
+def test_a_rules_query_tells_apart_calls_on_one_path():
+    from proxy_addon.config import parse_config
+    from proxy_addon.protocols.routing import match_rule, receipt_rule
+
+    policy = parse_config("hosts:\n  127.0.0.1: {preset: azure-blob}\n").policy_for("127.0.0.1", 80)
+
+    def rule_for(method: str, target: str) -> str | None:
+        path, _, query = target.partition("?")
+        matched = match_rule(policy, method, path, None, parse_qsl(query))
+        again = receipt_rule(policy, method, path, "any", query or None)
+        assert (matched and matched[0].name) == (again and again[0].name)  # the reconciler finds the same rule
+        return matched[0].name if matched else None
+
+    assert rule_for("PUT", "/devstoreaccount1/c?restype=container") == "azure.blob.create_container"
+    assert rule_for("PUT", "/c?restype=container") == "azure.blob.create_container"
+    assert rule_for("PUT", "/c?restype=container&comp=metadata") is None
+    assert rule_for("PUT", "/devstoreaccount1/c/dir/b.txt") == "azure.blob.put_blob"
+    assert rule_for("PUT", "/c/b?comp=blocklist") == "azure.blob.put_block_list"
+    assert rule_for("PUT", "/c/b?comp=block&blockid=YQ%3D%3D") is None  # Put Block: no rule, to a person
+    assert rule_for("DELETE", "/c/b") == "azure.blob.delete_blob"
+    assert rule_for("DELETE", "/c/b?snapshot=2026-01-01T00:00:00Z") is None  # a snapshot's delete leaves the blob
+    assert rule_for("DELETE", "/devstoreaccount1/c?restype=container") is None
+
+
+EACH = ReconcileRule(strategy="search", url="http://h/", match={"$": "$"}, match_compare="each_field", match_when_missing="skip")
+
+
+@pytest.mark.parametrize(
+    ("candidate", "matches"),
+    [
+        ({"id": "r1", "title": "t", "n": 12, "due": "2024-05-01 00:00:00.000Z", "meta": {"x": 1}}, True),
+        ({"id": "r1", "title": "t", "n": 12, "due": "2024-05-02 00:00:00.000Z", "meta": {"x": 1}}, False),
+        ({"id": "r1", "title": "t", "n": 13, "due": "2024-05-01", "meta": {"x": 1}}, False),
+        ({"id": "r1", "title": "t", "n": 12, "due": "2024-05-01", "meta": {"x": 1, "y": 2}}, False),  # a field is whole
+        ({"id": "r1", "n": 12, "due": "2024-05-01", "meta": {"x": 1}}, True),  # title never shown: left out
+    ],
+)
+def test_each_field_the_request_gave_equals_the_candidates(candidate, matches):
+    # the form's "12" is the number 12; the date is the same instant however written
+    original = {"title": "t", "n": "12", "due": "2024-05-01", "meta": {"x": 1}, "password": REDACTED}
+    assert candidate_matches(candidate, original, EACH) is matches
+
+
+def test_each_field_needs_an_object_one_field_at_least_and_no_redacted_field_it_compares():
+    with pytest.raises(UnreadableRuleError, match="not an object"):
+        candidate_matches({"a": 1}, ["a"], EACH)
+    with pytest.raises(UnreadableRuleError, match="none of the fields"):
+        candidate_matches({"a": 1}, {"b": 1}, EACH)
+    with pytest.raises(UnreadableRuleError, match="'password'.*redacted"):
+        candidate_matches({"password": "p"}, {"password": REDACTED}, EACH)
+    refuse = EACH.model_copy(update={"match_when_missing": "refuse"})
+    assert candidate_matches({"a": 1}, {"a": 1, "b": 2}, refuse) is False
+
+
+@pytest.mark.parametrize(("page", "want"), [({"page": 1, "totalPages": 2}, "2"), ({"page": 2, "totalPages": 2}, None), ({"page": 1, "totalPages": 0}, None)])
+def test_a_page_number_cursor_asks_for_the_next_page_until_the_last(page, want):
+    from proxy_addon.reconcile.strategies import _next_read
+
+    rule = ReconcileRule.model_validate(
+        {"strategy": "search", "url": "http://h/", "match": {"$.a": "$.a"}, "cursor": {"value": "$.page", "into": "query:page", "last": "$.totalPages"}}
+    )
+    url, _ = _next_read(rule, page, "http://h/r?perPage=1000&page=1", {})
+    assert (url and parse_qs(urlsplit(url).query)["page"][0]) == want
+    with pytest.raises(ReadNotPossibleError, match="no page number"):  # skipTotal's -1: no proof the list ended
+        _next_read(rule, {"page": 1, "totalPages": -1}, "http://h/r?page=1", {})

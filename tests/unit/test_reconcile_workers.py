@@ -24,11 +24,11 @@ from support.world import World, start_world
 from proxy_addon.config import ReceiptsConfig, parse_config
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import StaleStateError
+from proxy_addon.journal.tables import ReceiptTransition
 from proxy_addon.reconcile.worker import PassReport, Reconciler
 from proxy_addon.rules.records import Intent, utcnow
 from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
-from proxy_addon.store.tables import ReceiptTransition
 
 QUEUE = 40
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy_addon.config import parse_config
-from proxy_addon.request.facts import RequestFacts
+from proxy_addon.protocols.facts import RequestFacts
 from proxy_addon.rules import redaction
 from proxy_addon.rules.account import ANONYMOUS, AccountHasher
 from proxy_addon.rules.fingerprint import analyse_body, canonical_json, intent_fingerprint

@@ -13,7 +13,7 @@ from botocore.credentials import Credentials
 
 from proxy_addon.config import parse_config
 from proxy_addon.exceptions import ConfigError
-from proxy_addon.request.facts import RequestFacts, split_query
+from proxy_addon.protocols.facts import RequestFacts, split_query
 from proxy_addon.rules.account import ANONYMOUS, AccountHasher
 from proxy_addon.rules.intent import build_intent
 from proxy_addon.rules.redaction import REDACTED

@@ -15,7 +15,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from support.store import PATHS, S, count, fp, intent, raw_row, recorded, transitioned, walk
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.db import alembic_config, make_engine
 from proxy_addon.exceptions import (
     DuplicateOpenError,
@@ -25,6 +24,7 @@ from proxy_addon.exceptions import (
     ReceiptNotFoundError,
     StaleStateError,
 )
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.rules.records import BlockKind, ReceiptRecord, utcnow
 from proxy_addon.rules.states import ALLOWED_TRANSITIONS, TERMINAL_STATES, State
 from proxy_addon.store import ReceiptStore

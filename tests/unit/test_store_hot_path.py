@@ -8,7 +8,6 @@ import pytest
 from sqlalchemy.engine import make_url
 from support.store import S, fp, intent, recorded, walk
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import (
     DuplicateOpenError,
@@ -16,6 +15,7 @@ from proxy_addon.exceptions import (
     IdempotencyKeyMismatchError,
     StaleStateError,
 )
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.store import ReceiptStore
 
 

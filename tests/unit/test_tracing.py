@@ -3,8 +3,8 @@
 import pytest
 
 from proxy_addon import tracing
-from proxy_addon.request.answers import answer
 from proxy_addon.request.handler import Handled
+from proxy_addon.rules.answers import answer
 
 ENDPOINT = "http://127.0.0.1:4318"
 

@@ -57,6 +57,11 @@ PROBES = [
      {"meta": {}}, {}, {"meta": {"title": NONCE}}, {}),
     ("a nested body placeholder", {"url": "http://h/s?q={body.a.b}"},
      {"a": {"b": "x", "c": 2}, "title": "t"}, {}, {"a": {"b": NONCE, "c": 2}, "title": NONCE}, {}),
+    ("a greedy path placeholder: its leading segments stay (a bucket, Azurite's account)",
+     {"strategy": "lookup", "url": "http://h/{path.container}/{path.blob}", "match": {}, "controls": {"keep": ["path.container"]}},
+     {}, {"container": "devstoreaccount1", "blob": "c/dir/a%20b"}, {}, {"container": "devstoreaccount1", "blob": f"c/dir/{NONCE}"}),
+    ("each field of the request, compared one by one", {"match": {"$": "$"}, "match_compare": "each_field"},
+     {"title": "t", "n": 3, "tags": ["a"]}, {}, {"title": NONCE, "n": NONCE, "tags": NONCE}, {}),
     ("an external id, idempotency key and operation id", {"strategy": "lookup", "url": "http://h/{external_id}/{idempotency_key}/{operation_id}", "match": {}},
      {"title": "t"}, {}, {"title": "t"}, {}),
 ]  # fmt: skip

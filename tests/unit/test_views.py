@@ -1,4 +1,4 @@
-"""The dashboard views of migration 0002 and every query of docs/queries.sql, on SQLite and PostgreSQL."""
+"""The dashboard views of migrations 0002 and 0010 and every query of docs/queries.sql, on SQLite and PostgreSQL."""
 
 import re
 from datetime import timedelta
@@ -16,7 +16,7 @@ from proxy_addon.store import ReceiptStore
 from proxy_addon.store.receipts import receipts
 
 QUERIES = Path(__file__).resolve().parents[2] / "docs" / "queries.sql"
-VIEWS = {"v_open_receipts", "v_unknowns_by_host", "v_daily_counts", "v_duplicates_refused"}
+VIEWS = {"v_open_receipts", "v_unknowns_by_host", "v_daily_counts", "v_duplicates_refused", "v_agent_activity"}
 
 
 def load_queries() -> dict[str, str]:
@@ -39,8 +39,8 @@ def load_queries() -> dict[str, str]:
 
 
 def made(store: ReceiptStore, target: State, ago: timedelta = timedelta(0), host: str = "api.example.com",
-         operation: str = "articles.create", **updates) -> str:
-    rec = recorded(store, intent())
+         operation: str = "articles.create", agent: str | None = None, **updates) -> str:
+    rec = recorded(store, intent(agent=agent))
     walk(store, rec.operation_id, target, **updates)
     with store.engine.begin() as conn:
         conn.execute(
@@ -55,11 +55,11 @@ def made(store: ReceiptStore, target: State, ago: timedelta = timedelta(0), host
 def world(store):
     ids = {
         "old_unknown": made(store, State.OUTCOME_UNKNOWN, timedelta(minutes=20)),
-        "fresh_unknown": made(store, State.OUTCOME_UNKNOWN, timedelta(seconds=5)),
+        "fresh_unknown": made(store, State.OUTCOME_UNKNOWN, timedelta(seconds=5), agent="billing"),
         "old_review": made(store, State.MANUAL_REVIEW, timedelta(hours=3), host="pay.example.com", operation="pay"),
         "older_review": made(store, State.MANUAL_REVIEW, timedelta(days=2), host="pay.example.com", operation="pay"),
         "done": made(store, State.SUCCEEDED, timedelta(days=3), status_code=201),
-        "done2": made(store, State.SUCCEEDED, timedelta(hours=1), status_code=201),
+        "done2": made(store, State.SUCCEEDED, timedelta(hours=1), agent="billing", status_code=201),
         "refused": made(store, State.REJECTED, timedelta(hours=1), status_code=422),
         "ancient": made(store, State.SUCCEEDED, timedelta(days=10), status_code=201),
         "planned": recorded(store, intent()).operation_id,
@@ -68,7 +68,8 @@ def world(store):
     for _ in range(2):
         store.refusals.record(
             RefusalReason.DUPLICATE_OPEN, blocker.operation_id,
-            intent(blocker.intent_fingerprint, blocker.account, host=blocker.host, path=blocker.path), "proxy-test",
+            intent(blocker.intent_fingerprint, blocker.account, host=blocker.host, path=blocker.path, agent="billing"),
+            "proxy-test",
         )
     return ids
 
@@ -80,7 +81,7 @@ def run(store: ReceiptStore, sql: str) -> list[dict]:
 
 def test_every_query_runs_and_answers(store, world):
     queries = load_queries()
-    assert len(queries) == 7
+    assert len(queries) == 8
     answers = {q: run(store, sql) for q, sql in queries.items()}
 
     old = answers["Which unknown receipts are older than ten minutes?"]
@@ -113,6 +114,25 @@ def test_every_query_runs_and_answers(store, world):
     rate = {r["operation"]: r for r in answers["What is the success rate of each operation, among receipts whose outcome is settled?"]}
     assert rate["articles.create"]["settled"] == 4 and rate["articles.create"]["succeeded"] == 3
     assert float(rate["articles.create"]["success_percent"]) == 75.0
+
+    by_agent = answers["What did each agent write in the last 24 hours, by operation and state?"]
+    got = {(r["agent"], r["operation"], r["state"]): r["receipts"] for r in by_agent}
+    assert got == {
+        ("anonymous", "articles.create", "outcome_unknown"): 1,
+        ("anonymous", "articles.create", "planned"): 1,
+        ("anonymous", "articles.create", "rejected"): 1,
+        ("anonymous", "pay", "manual_review"): 1,
+        ("billing", "articles.create", "outcome_unknown"): 1,
+        ("billing", "articles.create", "succeeded"): 1,
+    }
+
+
+def test_the_views_show_each_receipts_agent(store, world):
+    """The open receipts and the refused duplicates name their agent (null: anonymous)."""
+    agents = {r["operation_id"]: r["agent"] for r in run(store, "SELECT operation_id, agent FROM v_open_receipts")}
+    assert agents[world["fresh_unknown"]] == "billing" and agents[world["old_unknown"]] is None
+    refused = run(store, "SELECT agent, blocking_operation_id FROM v_duplicates_refused")
+    assert refused and all(r["agent"] == "billing" for r in refused)
 
 
 def test_open_receipts_view_counts_age_from_utc(store, world):

@@ -7,12 +7,12 @@ import time
 import pytest
 from support.store import intent
 
-from proxy_addon.config import AfterSuccess
 from proxy_addon.db import make_engine
 from proxy_addon.exceptions import ReceiptNotFoundError
 from proxy_addon.journal.messages import Advance, Done, Failed, Record
 from proxy_addon.journal.writer import EXPIRED, JournalWriter
 from proxy_addon.rules.duplicates import successes_block_for
+from proxy_addon.rules.policy import AfterSuccess
 from proxy_addon.store import ReceiptStore
 
 REPLAY = successes_block_for(AfterSuccess())

@@ -50,6 +50,13 @@ LIST_PARAMETERS = (
         "a host, or `host:port` (`[::1]:8080` for IPv6); without a port, every port",
     ),
     Param(
+        "agent",
+        "query",
+        {"type": "string", "examples": ["billing-agent", "anonymous"]},
+        "one agent's receipts (the name it gives with proxy authentication, config `agents:`), or `anonymous` "
+        "(those of agents that gave none)",
+    ),
+    Param(
         "older_than",
         "query",
         {"type": "string", "examples": ["10m"]},

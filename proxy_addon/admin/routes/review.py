@@ -31,6 +31,7 @@ def index() -> str:
         selected=request.args.get("state", "open"),
         host=request.args.get("host", ""),
         host_filter=host,
+        agent=request.args.get("agent", ""),
         older_than=request.args.get("older_than", ""),
         rule_health=rule_health.stored_health(store, admin().config),
     )

@@ -23,6 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from proxy_addon.agents.tokens import AGENT_NAME_MAX
 from proxy_addon.rules.states import (
     INVALIDATING_METHODS,
     NOT_HAPPENED_STATES,
@@ -131,6 +132,9 @@ class Receipt(Base):
     # SQLite's max + 1 under its write lock): which of two writes to a target is the later one, whatever the
     # replicas' clocks say; and the newest-first order of every list (keyset pages)
     seq: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
+    # the agent that made the write, by its proxy authentication (agents/); null: an anonymous agent. Not part
+    # of the intent's identity (account + fingerprint): see agents/identity.py
+    agent: Mapped[str | None] = mapped_column(String(AGENT_NAME_MAX))
 
     __table_args__ = (
         CheckConstraint(f"state IN ({_STATE_LIST})", name="state"),
@@ -138,6 +142,7 @@ class Receipt(Base):
         # the lists' filters in journal order: a page reads its index from the cursor on (migration 0009)
         Index("ix_receipts_state_seq", "state", "seq"),
         Index("ix_receipts_host_seq", "host", "seq"),
+        Index("ix_receipts_agent_seq", "agent", "seq"),  # one agent's receipts, or the anonymous ones (migration 0010)
         Index("ix_receipts_created_at", "created_at"),
         Index("ix_receipts_account_idempotency_key", "account", "idempotency_key"),
         Index("ix_receipts_account_fingerprint_completed", "account", "intent_fingerprint", "completed_at"),
@@ -247,6 +252,7 @@ class DuplicateRefusal(Base):
     host: Mapped[str] = mapped_column(String(255))
     path: Mapped[str] = mapped_column(Text)
     proxy_instance: Mapped[str | None] = mapped_column(String(64))
+    agent: Mapped[str | None] = mapped_column(String(AGENT_NAME_MAX))  # the agent refused; null: anonymous
 
     __table_args__ = (
         CheckConstraint(f"reason IN ({_REASON_LIST})", name="reason"),

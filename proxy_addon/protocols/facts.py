@@ -26,6 +26,7 @@ class RequestFacts:
     raw_body: bytes = b""  # as the client sent it
     client_gone: Callable[[], bool] = lambda: False  # whether the client has left (it no longer waits for an answer)
     call: Call = REST  # how its protocol reads it (protocols/): identity, operation name, answers
+    agent: str | None = None  # who sent it (agents/identity.py, agent_of); None: an anonymous agent
 
 
 def split_query(raw_path: str) -> tuple[str, list[tuple[str, str]]]:

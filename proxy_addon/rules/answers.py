@@ -4,16 +4,20 @@ An `Answer` is plain data (no mitmproxy): the addon turns it into the flow's res
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from proxy_addon.request.sender import UpstreamResponse
+from proxy_addon.rules.records import ApprovalRecord
+from proxy_addon.rules.send_result import UpstreamResponse
+from proxy_addon.rules.states import ApprovalState
 
 PROBLEM_BASE = "urn:agent-receipts:problem:"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
 RECEIPT_ID_HEADER = "X-Receipt-Id"
 RECEIPT_STATE_HEADER = "X-Receipt-State"
 REPLAYED_HEADER = "X-Receipt-Replayed"
+_PROBLEM_TYPE_BYTES = PROBLEM_CONTENT_TYPE.encode()
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,29 @@ def problem(status: int, kind: str, title: str, detail: str, **extra: Any) -> An
     document = {"type": PROBLEM_BASE + kind, "title": title, "status": status, "detail": detail}
     document.update({k: v for k, v in extra.items() if v is not None})
     return answer(status, json.dumps(document).encode(), {"Content-Type": PROBLEM_CONTENT_TYPE, "Cache-Control": "no-store"})
+
+
+def with_receipt_url(a: Answer, receipt_url: Callable[[str], str | None]) -> Answer:
+    """One of our problem+json answers that names a receipt, with `receipt_url`: where the agent asks for that
+    receipt later (the agent API, agents/). Any other answer (the upstream's, a replay) as it is."""
+    if (b"content-type", _PROBLEM_TYPE_BYTES) not in a.headers:
+        return a  # ours are made by `answer` (names in lower case); on every write's answer: one tuple scan
+    try:
+        document = json.loads(a.body)
+    except ValueError:  # an upstream's own problem+json that is not JSON: not ours
+        return a
+    if not isinstance(document, dict) or not str(document.get("type")).startswith(PROBLEM_BASE):
+        return a
+    operation_id = document.get("operation_id")
+    url = receipt_url(operation_id) if isinstance(operation_id, str) else None
+    if url is None or "receipt_url" in document:
+        return a
+    return _with_body(a, json.dumps({**document, "receipt_url": url}).encode())
+
+
+def _with_body(a: Answer, body: bytes) -> Answer:
+    headers = tuple((k, v) for k, v in a.headers if k.lower() != b"content-length")
+    return replace(a, headers=(*headers, (b"content-length", str(len(body)).encode())), body=body)
 
 
 def outcome_unknown(
@@ -171,6 +198,14 @@ def approval_denied(approval_id: str, operation: str, decided_by: str | None, no
         state="denied",
         note=note,
     )
+
+
+def approval_answer(a: ApprovalRecord) -> Answer:
+    """The answer to a write waiting for this approval (pending), or refused by it (denied): nothing forwarded."""
+    if a.state == ApprovalState.DENIED.value:
+        return approval_denied(a.approval_id, a.operation, a.decided_by, a.note)
+    return approval_required(a.approval_id, a.operation, a.asked, f"{a.expires_at:%Y-%m-%dT%H:%M:%SZ}")
+
 
 
 # -- requests the proxy refuses before journaling them (addons/admission.py) -----------------------------------------
