@@ -58,6 +58,8 @@ PANELS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                   stacked=True, description="Journaled writes answered with a receipt of their own, by its state in the answer"),
         PanelSpec("Writes per second by host", (Query(rate("receipts_writes_total", "host"), "{{host}}"),), "reqps", stacked=True),
         PanelSpec("Writes per second by host and state", (Query(rate("receipts_writes_total", "host, state"), "{{host}} {{state}}"),), "reqps"),
+        PanelSpec("Writes journaled per second by agent", (Query(rate("receipts_agent_journaled_total", "agent"), "{{agent}}"),), "reqps",
+                  stacked=True),
     )),
     ("Open and unknown receipts", (
         PanelSpec("Open receipts by state", (Query(f'max by (state) (receipts_by_state{{{JOB}, state=~"{OPEN}"}})', "{{state}}"),),
