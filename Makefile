@@ -28,6 +28,7 @@ run: migrate
 test: $(STAMP)
 	scripts/ensure-postgres
 	scripts/ensure-chromium
+	scripts/ensure-prometheus
 	scripts/ensure-faketime
 	scripts/ensure-azurite
 	scripts/ensure-json-server

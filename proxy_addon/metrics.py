@@ -2,11 +2,14 @@
 
 Counters and the journaling histogram count what this process did, at the place it happened (the store for
 transitions, the addon for refusals and journaling time, the reconciler for verdicts). What the database
-holds (receipts by state, the oldest open receipt's age) is read from the store at scrape time by
-StoreCollector, so every replica's admin port tells the same totals.
+holds (receipts by state, the oldest receipt of each open state, live proxy instances, pending approvals) is
+read from the store at scrape time by StoreCollector, so every replica's admin port tells the same totals.
+deploy/prometheus/alerts.yml and deploy/grafana/ use these names; tests/e2e/test_dashboards.py checks that each
+one they use is served.
 """
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -15,13 +18,27 @@ from prometheus_client.registry import Collector
 from proxy_addon.agents.tokens import ANONYMOUS_AGENT, OTHER_AGENT
 from proxy_addon.exceptions import ReceiptsError
 from proxy_addon.rules.records import JournalStats
-from proxy_addon.rules.states import RefusalReason, State
+from proxy_addon.rules.states import OPEN_STATES, RefusalReason, State
 
 # the journal's counts, read at scrape time (store.retention.stats); a callable, so that this module, which
 # the store reports its transitions to, does not import the store
 JournalStatsReader = Callable[[], JournalStats]
 UnprovenRulesReader = Callable[[], int]  # read rules whose verifier controls' newest runs did not both pass
 PendingApprovalsReader = Callable[[], int]  # approvals waiting for a person, not yet expired
+HOST_LABELS = 50  # distinct `host` label values of receipts_writes_total per process; later hosts are `other`
+
+
+@dataclass(frozen=True)
+class StoreReads:
+    """What /metrics reads from the store at scrape time: each a callable, so that this module, which the store
+    reports its transitions to, does not import the store. Each is a bounded read (store/overview.py)."""
+
+    stats: JournalStatsReader
+    unproven_rules: UnprovenRulesReader | None = None
+    approvals_pending: PendingApprovalsReader | None = None
+    approval_wait_ratio: Callable[[], float] | None = None  # the longest pending approval's wait / its expiry
+    instances: Callable[[], Mapping[str, int]] | None = None  # proxy instances by status: live, lost
+
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -72,6 +89,22 @@ REUSED_CONNECTION_UNKNOWNS = Counter(
     "among them, any upstream idle close that crossed the request. Compare with receipts_transitions{to_state=outcome_unknown}.",
     registry=REGISTRY,
 )
+WRITES = Counter(
+    "receipts_writes",
+    "Journaled writes this proxy answered with a receipt of their own, by the upstream host (the first "
+    f"{HOST_LABELS} hosts this process saw; `other` after them) and the receipt's state in the answer "
+    "(X-Receipt-State): succeeded, rejected, outcome_unknown, ...",
+    ["host", "state"],
+    registry=REGISTRY,
+)
+JOURNAL_UNAVAILABLE = Counter(
+    "receipts_journal_unavailable",
+    "Journaled writes this proxy could not journal (its journal writer lost, the database down or too slow, an "
+    "internal error), by what it did: `refused` (503 journal-unavailable, nothing forwarded) or `forwarded` "
+    "(proxy.fail_open: forwarded without a receipt).",
+    ["action"],
+    registry=REGISTRY,
+)
 AGENT_JOURNALED = Counter(
     "receipts_agent_journaled",
     "Writes this process journaled (a new receipt, committed before the write went upstream), by agent: a name "
@@ -118,6 +151,10 @@ for _d in ("pending", "denied"):
     APPROVALS_AWAITED.labels(_d)
 for _cause in ("died", "unresponsive"):
     WRITER_RESTARTS.labels(_cause)
+for _table in ("receipts", "duplicate_refusals", "approvals", "verifier_controls"):
+    PRUNED.labels(_table)
+for _action in ("refused", "forwarded"):
+    JOURNAL_UNAVAILABLE.labels(_action)
 # Every series exists from the start, at 0, so rates and alerts need no special case. The transitions' are kept:
 # `labels()` takes a lock and checks its values on every call, three times per journaled write.
 _TRANSITIONS_TO = {s.value: TRANSITIONS.labels(s.value) for s in State}
@@ -169,6 +206,34 @@ def pruned(by_table: dict[str, int]) -> None:
         PRUNED.labels(table).inc(by_table.get(table, 0))
 
 
+class _HostLabels:
+    """The `host` label's values: each host as itself until HOST_LABELS of them were seen, then `other`, so that
+    an agent writing to ever new hosts cannot grow the series without bound."""
+
+    def __init__(self, most: int):
+        self.most = most
+        self.seen: set[str] = set()
+
+    def __call__(self, host: str) -> str:
+        if host in self.seen:
+            return host
+        if len(self.seen) >= self.most:
+            return "other"
+        self.seen.add(host)
+        return host
+
+
+_host_label = _HostLabels(HOST_LABELS)
+
+
+def write_answered(host: str, state: str) -> None:
+    WRITES.labels(_host_label(host), state).inc()
+
+
+def journal_unavailable(forwarded: bool) -> None:
+    JOURNAL_UNAVAILABLE.labels("forwarded" if forwarded else "refused").inc()
+
+
 def reused_connection_unknown() -> None:
     REUSED_CONNECTION_UNKNOWNS.inc()
 
@@ -182,17 +247,11 @@ def approval_awaited(state: str) -> None:
 
 
 class StoreCollector(Collector):
-    """Receipts by state, the oldest open receipt's age and the unproven read rules, queried when Prometheus scrapes."""
+    """What the database holds, queried when Prometheus scrapes: receipts by state, the oldest receipt of each
+    open state, unproven read rules, approvals, proxy instances."""
 
-    def __init__(
-        self,
-        read_stats: JournalStatsReader,
-        read_unproven: UnprovenRulesReader | None = None,
-        read_pending: PendingApprovalsReader | None = None,
-    ):
-        self.read_stats = read_stats
-        self.read_unproven = read_unproven
-        self.read_pending = read_pending
+    def __init__(self, reads: StoreReads):
+        self.reads = reads
 
     def describe(self) -> list[Metric]:
         return []  # registering must not query the database
@@ -200,45 +259,69 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("receipts_store_up", "1 when the store answered this scrape, 0 when it did not.")
         try:
-            stats = self.read_stats()
-            unproven = None if self.read_unproven is None else self.read_unproven()
-            pending = None if self.read_pending is None else self.read_pending()
+            families = list(_store_families(self.reads))
         except ReceiptsError:
             up.add_metric([], 0)
             yield up
             return
         up.add_metric([], 1)
         yield up
-        by_state = GaugeMetricFamily("receipts_by_state", "Receipts in the database, by state.", labels=["state"])
-        for state, count in sorted(stats.by_state.items()):
-            by_state.add_metric([state], count)
-        yield by_state
-        age = stats.oldest_open_age_seconds
+        yield from families
+
+
+def _store_families(reads: StoreReads) -> Iterator[Metric]:
+    """The store's gauges, each read once; a store that does not answer raises ReceiptsError before any is served."""
+    stats = reads.stats()
+    by_state = GaugeMetricFamily("receipts_by_state", "Receipts in the database, by state.", labels=["state"])
+    for state, count in sorted(stats.by_state.items()):
+        by_state.add_metric([state], count)
+    yield by_state
+    yield GaugeMetricFamily(
+        "receipts_oldest_open_age_seconds",
+        "Age of the oldest open receipt, in seconds; 0 when none is open.",
+        value=stats.oldest_open_age_seconds or 0.0,
+    )
+    oldest = GaugeMetricFamily(
+        "receipts_oldest_age_seconds",
+        "Age of the oldest receipt in each open state, in seconds; 0 when none is in that state.",
+        labels=["state"],
+    )
+    for state in sorted(OPEN_STATES):
+        oldest.add_metric([state.value], stats.oldest_age_by_state.get(state.value, 0.0))
+    yield oldest
+    if reads.unproven_rules is not None:
         yield GaugeMetricFamily(
-            "receipts_oldest_open_age_seconds",
-            "Age of the oldest open receipt, in seconds; 0 when none is open.",
-            value=age or 0.0,
+            "receipts_unproven_rules",
+            "Read rules (per host and operation) whose verifier controls' newest runs did not both pass: their "
+            "absence verdicts, and their presence verdicts without the negative control, go to a person.",
+            value=reads.unproven_rules(),
         )
-        if unproven is not None:
-            yield GaugeMetricFamily(
-                "receipts_unproven_rules",
-                "Read rules (per host and operation) whose verifier controls' newest runs did not both pass: their "
-                "absence verdicts, and their presence verdicts without the negative control, go to a person.",
-                value=unproven,
-            )
-        if pending is not None:
-            yield GaugeMetricFamily(
-                "receipts_approvals_pending",
-                "Approvals waiting for a person's decision (not yet expired): their writes are not forwarded until then.",
-                value=pending,
-            )
+    if reads.approvals_pending is not None:
+        yield GaugeMetricFamily(
+            "receipts_approvals_pending",
+            "Approvals waiting for a person's decision (not yet expired): their writes are not forwarded until then.",
+            value=reads.approvals_pending(),
+        )
+    if reads.approval_wait_ratio is not None:
+        yield GaugeMetricFamily(
+            "receipts_approval_wait_ratio",
+            "The longest wait of a pending approval as a share of its expiry: 0.5 is half its time gone, 1 or more "
+            "an expiry that ran out while nobody decided; 0 when none is pending.",
+            value=reads.approval_wait_ratio(),
+        )
+    if reads.instances is not None:
+        instances = GaugeMetricFamily(
+            "receipts_proxy_instances",
+            "Proxy instances by status: `live` (heartbeating), `lost` (their heartbeats stopped within the last "
+            "hour without a clean stop: crashed, killed, cut off; their receipts are recovered by the others).",
+            labels=["status"],
+        )
+        for status, count in sorted(reads.instances().items()):
+            instances.add_metric([status], count)
+        yield instances
 
 
-def registry_for(
-    read_stats: JournalStatsReader | None,
-    read_unproven: UnprovenRulesReader | None = None,
-    read_pending: PendingApprovalsReader | None = None,
-) -> CollectorRegistry:
+def registry_for(reads: StoreReads | JournalStatsReader | None) -> CollectorRegistry:
     """This process's counters, plus the store's gauges: what an admin server's /metrics serves."""
     registry = CollectorRegistry(auto_describe=True)
     collectors = (
@@ -246,8 +329,12 @@ def registry_for(
         DUPLICATES,
         RECONCILE_VERDICTS,
         JOURNAL_SECONDS,
+        VERDICT_SECONDS,
+        PRUNED,
         AGENT_JOURNALED,
         REUSED_CONNECTION_UNKNOWNS,
+        WRITES,
+        JOURNAL_UNAVAILABLE,
         WRITER_STARTS,
         WRITER_RESTARTS,
         WRITER_PENDING,
@@ -256,8 +343,8 @@ def registry_for(
     )
     for collector in collectors:
         registry.register(collector)
-    if read_stats is not None:
-        registry.register(StoreCollector(read_stats, read_unproven, read_pending))
+    if reads is not None:
+        registry.register(StoreCollector(reads if isinstance(reads, StoreReads) else StoreReads(reads)))
     return registry
 
 

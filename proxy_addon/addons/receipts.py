@@ -25,7 +25,7 @@ if __package__ in (None, "") and "proxy_addon" not in sys.modules:  # loaded by 
 from mitmproxy import ctx, exceptions, http
 from mitmproxy.connection import ConnectionState
 
-from proxy_addon import tracing
+from proxy_addon import metrics, tracing
 from proxy_addon.addons import admission
 from proxy_addon.addons.admin import InProxyAdmin
 from proxy_addon.addons.agent_api import AgentAPI, answered_here
@@ -220,6 +220,7 @@ class Receipts:
             # mitmproxy would log a hook's exception and forward the request anyway: fail closed instead.
             log.exception("journaling_failed", method=flow.request.method, host=flow.request.pretty_host)
             if flow.response is None:
+                metrics.journal_unavailable(forwarded=False)
                 problem = answers.journal_unavailable(f"internal error: {type(e).__name__}")
                 flow.response = to_response(call.answer(problem), flow)
                 flow.metadata[METADATA_KEY] = {"refused": "internal_error"}

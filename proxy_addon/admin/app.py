@@ -28,9 +28,13 @@ def create_app(config: ReceiptsConfig, store: ReceiptStore, settings: AdminSetti
     app.jinja_env.globals["STATES"] = [s.value for s in State]
     guards = Guards(settings)
     guards.install(app)
-    registry = metrics.registry_for(
-        store.retention.stats, lambda: rule_health.unproven_rules(store), store.approvals.pending_count
-    )
+    registry = metrics.registry_for(metrics.StoreReads(
+        stats=store.retention.stats,
+        unproven_rules=lambda: rule_health.unproven_rules(store),
+        approvals_pending=store.approvals.pending_count,
+        approval_wait_ratio=store.overview.approval_wait_ratio,
+        instances=lambda: store.overview.instances(config.proxy.instance_dead_after),
+    ))
     routing.set_context(app, routing.AdminContext(config, store, settings, registry, guards.login))
     errors.install(app)
     routing.install(app, *ALL)

@@ -8,7 +8,7 @@ from typing import Any
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
 from proxy_addon.admin.app import create_app
-from proxy_addon.config import AdminSettings, ReceiptsConfig
+from proxy_addon.config import AdminSettings, ReceiptsConfig, admin_settings
 from proxy_addon.log import get_logger
 from proxy_addon.store import ReceiptStore
 
@@ -69,3 +69,18 @@ class AdminServer:
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
+
+
+def parse_listen(spec: str, name: str = "--admin-listen") -> tuple[str, int]:
+    """`HOST:PORT` (`[::1]:8081` for IPv6) -> (host, port), or ValueError naming `name` and what is wrong."""
+    host, sep, port = spec.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{name} {spec!r}: expected HOST:PORT, e.g. 0.0.0.0:8081")
+    return host.strip("[]") if host.startswith("[") else host, int(port)
+
+
+def serve_at(config: ReceiptsConfig, store: ReceiptStore, listen: tuple[str, int]) -> AdminServer:
+    """The admin server at `listen`, whatever admin.enabled says: a process that serves its /metrics beside its
+    work (`receipts reconcile --admin-listen`). ConfigError for an address beyond loopback without the token."""
+    settings = admin_settings(config, listen_host=listen[0], listen_port=listen[1], enabled=True)
+    return AdminServer(config, store, settings).start()

@@ -154,10 +154,17 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
+    from proxy_addon.admin.server import serve_at
     from proxy_addon.reconcile.worker import run_reconcile
 
     config = load(args)
-    return run_reconcile(config, open_store(args, config), once=args.once)
+    store = open_store(args, config)
+    server = serve_at(config, store, args.admin_listen) if args.admin_listen else None  # its verdicts' metrics
+    try:
+        return run_reconcile(config, store, once=args.once)
+    finally:
+        if server is not None:
+            server.stop()
 
 
 # -- the parser ---------------------------------------------------------------------------------------------
@@ -174,6 +181,15 @@ def duration_arg(text: str) -> str:
 def host_arg(text: str) -> HostFilter:
     try:
         return parse_host_filter(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def listen_arg(text: str) -> tuple[str, int]:
+    from proxy_addon.admin.server import parse_listen
+
+    try:
+        return parse_listen(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -198,6 +214,8 @@ def add_reconcile(commands: Commands) -> None:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="one pass over the queue, then exit")
     mode.add_argument("--loop", action="store_true", help="keep reconciling every reconcile.interval")
+    p.add_argument("--admin-listen", type=listen_arg, metavar="HOST:PORT",
+                   help="also serve the admin server (its /metrics: this worker's verdicts) there")
 
 
 def add_ls(commands: Commands) -> None:

@@ -115,6 +115,8 @@ class WriteHandler:
         finally:
             if operation_id not in self.verdicts.recording:
                 self._settled(operation_id)
+        if outcome.note.get("operation_id") == operation_id:  # answered with a receipt of its own
+            metrics.write_answered(facts.host, outcome.note["state"])
         if outcome.answer is None:
             return outcome
         # the answers the proxy makes name where to ask for their receipt later, and come in the request's own

@@ -47,6 +47,7 @@ class Refusals:
             log.error("refusal_not_recorded", reason=reason, operation_id=e.operation_id, error=str(exc))
 
     def journal_down(self, e: JournalUnavailableError, facts: RequestFacts) -> Handled:
+        metrics.journal_unavailable(forwarded=self.fail_open)
         if self.fail_open:
             log.error(
                 "journal_unavailable_forwarding_without_receipt",

@@ -253,6 +253,7 @@ class JournalStats:
     by_state: dict[str, int]  # every state, 0 included
     by_host: dict[str, dict[str, int]]  # host -> state -> count, the states it has
     oldest_open_age_seconds: float | None
+    oldest_age_by_state: dict[str, float] = field(default_factory=dict)  # open state -> its oldest receipt's age
 
 
 def new_approval_id() -> str:

@@ -10,7 +10,8 @@
 - `scrub`: rows from earlier versions redacted again with today's rules (`receipts scrub`);
 - `audit`: the audit trail's chains, checkpoints and events (`receipts verify`, `receipts checkpoint`);
 - `controls`: the runs of the read rules' verifier controls, and the known successes they are run on;
-- `approvals`: a person's approvals of writes that need one: list, show, approve, deny.
+- `approvals`: a person's approvals of writes that need one: list, show, approve, deny;
+- `overview`: the journal at a glance (the last hour's writes, instances, approvals' waits), read cheaply.
 """
 
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ class ReceiptStore:
         from proxy_addon.store.controls import ControlRuns
         from proxy_addon.store.database import Database
         from proxy_addon.store.instances import Instances
+        from proxy_addon.store.overview import Overview
         from proxy_addon.store.queue import ReconcileQueue
         from proxy_addon.store.receipts import StoredReceipts
         from proxy_addon.store.refusals import Refusals
@@ -45,3 +47,4 @@ class ReceiptStore:
         self.audit = AuditTrail(self.db)
         self.controls = ControlRuns(self.db)
         self.approvals = Approvals(self.db)
+        self.overview = Overview(self.db)

@@ -14,7 +14,7 @@ history head in its batch (store/audit.py), and the other tables pruned by their
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Column, ColumnElement, Connection, Select, Table, and_, delete, func, insert, select, text
@@ -80,14 +80,13 @@ class Retention:
         self.db = db
 
     def stats(self) -> JournalStats:
-        """Counts per state and per host and state, and the age of the oldest open receipt (its index)."""
+        """Counts per state and per host and state, and the age of the oldest receipt of each open state (one
+        index probe each: see `_oldest_of_each`)."""
         with self.db.storage_errors(), self.db.reading() as conn:
             rows = conn.execute(
                 select(_counts.c.host, _counts.c.state, func.sum(_counts.c.n)).group_by(_counts.c.host, _counts.c.state)
             ).all()
-            oldest = conn.execute(
-                select(func.min(receipts.c.created_at)).where(receipts.c.state.in_([s.value for s in OPEN_STATES]))
-            ).scalar()
+            oldest = _oldest_of_each(conn)
         by_state: dict[str, int] = {s.value: 0 for s in State}
         by_host: dict[str, dict[str, int]] = {}
         for host, state, count in rows:
@@ -95,10 +94,9 @@ class Retention:
                 continue
             by_state[state] += int(count)
             by_host.setdefault(host, {})[state] = int(count)
-        if oldest is not None and oldest.tzinfo is None:
-            oldest = oldest.replace(tzinfo=UTC)
-        age = (utcnow() - oldest).total_seconds() if oldest is not None else None
-        return JournalStats(by_state, by_host, age)
+        now = utcnow()
+        ages = {state: (now - created).total_seconds() for state, created in oldest.items()}
+        return JournalStats(by_state, by_host, max(ages.values(), default=None), ages)
 
     def fold_counts(self) -> int:
         """Fold the count rows into one per host and state; how many rows there were."""
@@ -196,6 +194,28 @@ class Retention:
         key = [_controls.c[name] for name in _CONTROL_KEY]
         newest = select(func.max(_controls.c.id)).group_by(*key)
         return and_(_controls.c.checked_at < cutoff, _controls.c.id.not_in(newest))
+
+
+def oldest_statement() -> Select[Any]:
+    """The creation time of the oldest receipt in each open state, one column per state (NULL: none), in one
+    statement: per state, the first entry of ix_receipts_state_seq (the journal's order, `seq`, is the order of
+    creation across replicas, whatever their clocks; a `min(created_at)` would read every receipt in the state)."""
+    return select(
+        *(
+            select(receipts.c.created_at)
+            .where(receipts.c.state == state.value)
+            .order_by(receipts.c.seq)
+            .limit(1)
+            .scalar_subquery()
+            .label(state.value)
+            for state in sorted(OPEN_STATES)
+        )
+    )
+
+
+def _oldest_of_each(conn: Connection) -> dict[str, datetime]:
+    row = conn.execute(oldest_statement()).one()
+    return {state: created for state, created in row._mapping.items() if created is not None}
 
 
 def _old_terminal(cutoff: datetime, hosts: "Hosts" = None) -> ColumnElement[bool]:

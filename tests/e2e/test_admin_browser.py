@@ -3,16 +3,20 @@ made through the real proxy is listed, opened (the request as journaled, its tim
 with a note.
 
 scripts/ensure-chromium installs the browser (`make test` runs it); Playwright never downloads one here.
-A screenshot of the settled receipt is written to tests/artifacts/admin.png for a person to look at.
+A screenshot of the settled receipt is written to tests/artifacts/admin.png for a person to look at, and one of the
+page's header (the journal at a glance) to tests/artifacts/review-glance.png.
 """
 
 import asyncio
 import os
+import shutil
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
 from support.e2e import settled, settled_history
 from support.proxy import start_inprocess_proxy
 from support.server import free_port
@@ -26,6 +30,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
 NOTE = "Checked the payment provider's dashboard: charge ch_4711 exists, created once at 14:02."
 
 
@@ -193,3 +198,72 @@ def test_a_person_approves_a_waiting_write_in_the_browser(approval_proxy):
                 browser.close()
     decided = store.approvals.get(approval_id)
     assert (decided.state, decided.decided_by, decided.operation_id) == ("used", "Ana", forwarded.headers["x-receipt-id"])
+
+
+def test_the_review_page_shows_the_journal_at_a_glance(admin_proxy, sqlite_url, tmp_path):
+    """The header: counts by state, the oldest open and unknown receipts' ages; the chart: the last hour's writes by
+    outcome, drawn on the server. An hour of history (bench/core/seeding.py: one receipt every 2 s), then writes
+    through the real proxy: successes, a rejection, unknowns (one sent to a person by the reconciler).
+    RECEIPTS_DOCS_IMAGES=1 also writes the screenshot docs/operations.md shows (docs/images/review-glance.png)."""
+    _need_browser()
+    from playwright.sync_api import expect, sync_playwright
+
+    from bench.core.seeding import seed
+
+    proxy, upstream, admin_url, config = admin_proxy
+    store = proxy.addon.store
+    assert seed(sqlite_url, 1800, upstream.port, 120)["seeded"] == 1800
+    with httpx.Client(proxy=proxy.url, trust_env=False, timeout=10) as agent:
+        for n in range(2):
+            assert agent.post(f"{upstream.base}/location/orders", json={"n": n}).status_code == 201
+        assert agent.post(f"{upstream.base}/status/422/orders", json={"n": 9}).status_code == 422
+        review = agent.post(f"{upstream.base}/status/503/charges/1", json={"n": 1})
+        assert review.status_code == 504 and settled(store, review.headers["X-Receipt-Id"]).state == "outcome_unknown"
+        asyncio.run(Reconciler(config, store, worker_id="test-reconciler").run_once())  # no rule: to a person
+        unknown = agent.post(f"{upstream.base}/status/503/charges/2", json={"n": 2})
+    assert unknown.status_code == 504 and settled(store, unknown.headers["X-Receipt-Id"]).state == "outcome_unknown"
+    stats = store.retention.stats()
+    assert stats.by_state["manual_review"] == 1 and stats.by_state["outcome_unknown"] == 1
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 860})
+            page.set_default_timeout(15_000)
+            before = _last_hour(store)  # counted apart from the page's code, before and after it counted
+            page.goto(admin_url + "/")
+            after = _last_hour(store)
+            counts = page.locator("#counts")
+            for state, n in stats.by_state.items():
+                expect(counts.locator(f'[data-state="{state}"] b')).to_have_text(str(n))
+            expect(page.locator("#open-total b")).to_have_text("2")
+            expect(page.locator("#unknown-total b")).to_have_text("2")
+            expect(page.locator("#oldest-unknown b")).not_to_have_text("-")
+            drawn = page.eval_on_selector_all(
+                "#writes-chart rect[data-state]", "rects => rects.map(r => [r.dataset.state, Number(r.dataset.count)])"
+            )
+            by_state: dict[str, int] = {}
+            for state, n in drawn:
+                by_state[state] = by_state.get(state, 0) + n
+            assert by_state.keys() == {"succeeded", "rejected", "outcome_unknown", "manual_review"}
+            for state, n in by_state.items():  # the hour's edge moved on while the page was made: between the two
+                assert after.get(state, 0) <= n <= before.get(state, 0), (state, n, before, after)
+            assert by_state["manual_review"] == 1 and by_state["outcome_unknown"] == 1
+            assert page.locator("#writes-chart .bar").count() == 12
+            expect(page.locator('#writes-legend [data-state="manual_review"]')).to_contain_text("manual_review 1")
+            shot = tmp_path / "review-glance.png"
+            page.screenshot(path=str(shot))
+            shutil.copy(shot, ARTIFACTS / "review-glance.png")
+            if os.environ.get("RECEIPTS_DOCS_IMAGES"):
+                DOCS_IMAGES.mkdir(exist_ok=True)
+                shutil.copy(shot, DOCS_IMAGES / "review-glance.png")
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000
+
+
+def _last_hour(store) -> dict[str, int]:
+    """Receipts created in the last hour by state, by plain SQL."""
+    since = (datetime.now(UTC) - timedelta(hours=1)).replace(tzinfo=None).isoformat(sep=" ")
+    with store.engine.connect() as conn:
+        return dict(conn.execute(text("SELECT state, COUNT(*) FROM receipts WHERE created_at >= :s GROUP BY state"), {"s": since}).all())

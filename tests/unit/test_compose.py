@@ -12,6 +12,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from support.install import BUILD_INPUTS
 
+from proxy_addon.admin.server import parse_listen
 from proxy_addon.cli import build_parser
 from proxy_addon.config import admin_settings, load_config
 from proxy_addon.db import parse_database_url
@@ -73,6 +74,62 @@ def test_the_optional_admin_service_needs_its_token(compose, monkeypatch):
 
 def test_mounted_config_is_valid():
     load_config(REPO / "config.yaml")
+
+
+# -- Prometheus and Grafana: what `docker compose up` gives an operator ------------------------------------------
+
+
+def _mounts(service: dict) -> dict[str, str]:
+    """container path -> repository path, for the service's bind mounts of repository files."""
+    return {target: source for source, target, *_ in (v.split(":") for v in service["volumes"]) if source.startswith("./")}
+
+
+def test_prometheus_and_grafana_run_with_what_the_repository_provisions(compose):
+    prometheus, grafana = compose["services"]["prometheus"], compose["services"]["grafana"]
+    for service in (prometheus, grafana):
+        for target, source in _mounts(service).items():
+            assert (REPO / source).exists(), f"{source} (mounted at {target}) is not in the repository"
+    assert _mounts(prometheus) == {
+        "/etc/prometheus/prometheus.yml": "./deploy/prometheus/prometheus.yml",
+        "/etc/prometheus/alerts.yml": "./deploy/prometheus/alerts.yml",  # beside it: rule_files says alerts.yml
+    }
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    assert _mounts(grafana) == {
+        "/etc/grafana/provisioning": "./deploy/grafana/provisioning",
+        "/etc/grafana/dashboards": "./deploy/grafana/dashboards",  # where the provisioned provider looks
+    }
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert home.startswith("/etc/grafana/dashboards/") and (REPO / "deploy/grafana/dashboards" / home.rsplit("/", 1)[1]).is_file()
+    for service in (prometheus, grafana):  # on the host's loopback only, as the proxies are
+        assert all(port.startswith("127.0.0.1:") for port in service["ports"])
+
+
+@pytest.mark.parametrize("service", ["proxy-1", "proxy-2", "reconcile"])
+def test_prometheus_scrapes_each_process_where_it_serves_metrics_with_the_token(compose, service, monkeypatch):
+    """Each replica serves its admin server (`receipts_admin_listen`), and the reconcile worker its own
+    (`--admin-listen`: its verdicts are counted there), on the port Prometheus scrapes; that needs the token,
+    which compose passes to them and, as a secret, to Prometheus."""
+    scrape = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    [job] = scrape["scrape_configs"]
+    [targets] = [c["targets"] for c in job["static_configs"]]
+    proxy = compose["services"][service]
+    args = build_parser().parse_args(proxy["command"])
+    if service == "reconcile":
+        host, port = args.admin_listen
+    else:
+        [listen] = [s.split("=", 1)[1] for s in args.set if s.startswith("receipts_admin_listen=")]
+        host, port = parse_listen(listen)
+    assert f"{service}:{port}" in targets
+    assert "RECEIPTS_ADMIN_TOKEN" in proxy["environment"] and proxy["environment"]["RECEIPTS_SECRET"]
+    secret = job["authorization"]["credentials_file"].removeprefix("/run/secrets/")
+    assert secret in compose["services"]["prometheus"]["secrets"]
+    assert compose["secrets"][secret] == {"environment": "RECEIPTS_ADMIN_TOKEN"}
+    config = load_config(REPO / "config.yaml")
+    monkeypatch.delenv("RECEIPTS_ADMIN_TOKEN", raising=False)
+    with pytest.raises(ConfigError, match="RECEIPTS_ADMIN_TOKEN"):  # why compose refuses to start without it
+        admin_settings(config, listen_host=host, listen_port=port, enabled=True)
+    monkeypatch.setenv("RECEIPTS_ADMIN_TOKEN", "0123456789abcdef")
+    assert admin_settings(config, listen_host=host, listen_port=port, enabled=True).listen_port == port
 
 
 # -- the Dockerfile: read, not built (no Docker engine here) --------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from support.handler import created, post, states
 
+from proxy_addon import metrics
 from proxy_addon.addons.receipts import METADATA_KEY, Receipts
 from proxy_addon.exceptions import JournalUnavailableError
 from proxy_addon.journal.messages import Advance, Record
@@ -17,9 +18,16 @@ from proxy_addon.journal.writer import JournalWriter
 from proxy_addon.request.sender import SendEnd, SendResult
 
 
+def counted(name: str, **labels: str) -> float:
+    """A counter's value now, as /metrics would serve it."""
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def test_a_success_is_the_upstreams_answer_with_the_receipt(journal):
     run, addon, sender = journal(created())
+    before = counted("receipts_writes_total", host="api.example.com", state="succeeded")
     flow = run(post())
+    assert counted("receipts_writes_total", host="api.example.com", state="succeeded") == before + 1
     assert flow.response.status_code == 201 and flow.response.content == b'{"id": 7}'
     op = flow.response.headers["X-Receipt-Id"]
     assert flow.response.headers["X-Receipt-State"] == "succeeded" == flow.metadata[METADATA_KEY]["state"]
@@ -182,9 +190,11 @@ def test_a_journal_that_cannot_be_written_fails_closed(journal, monkeypatch):
         raise JournalUnavailableError("cannot write the journal: disk I/O error")
 
     monkeypatch.setattr("proxy_addon.journal.client.JournalClient.record", down)
+    before = counted("receipts_journal_unavailable_total", action="refused")
     flow = run(post())
     assert flow.response.status_code == 503 and sender.sent == []
     assert json.loads(flow.response.content)["type"].endswith("journal-unavailable")
+    assert counted("receipts_journal_unavailable_total", action="refused") == before + 1  # ReceiptsJournalUnavailable
 
 
 def test_fail_open_forwards_without_a_receipt(journal, monkeypatch):
@@ -194,8 +204,10 @@ def test_fail_open_forwards_without_a_receipt(journal, monkeypatch):
         raise JournalUnavailableError("cannot write the journal: disk I/O error")
 
     monkeypatch.setattr("proxy_addon.journal.client.JournalClient.record", down)
+    before = counted("receipts_journal_unavailable_total", action="forwarded")
     flow = run(post())
     assert flow.response is None and flow.metadata[METADATA_KEY] == {"fail_open": True} and sender.sent == []
+    assert counted("receipts_journal_unavailable_total", action="forwarded") == before + 1
 
 
 def test_a_bug_in_the_handler_fails_closed_too(journal, monkeypatch):
@@ -205,8 +217,10 @@ def test_a_bug_in_the_handler_fails_closed_too(journal, monkeypatch):
         raise KeyError("a bug")
 
     monkeypatch.setattr("proxy_addon.request.handler.write_intent", broken)
+    before = counted("receipts_journal_unavailable_total", action="refused")
     flow = run(post())
     assert flow.response.status_code == 503 and "internal error: KeyError" in json.loads(flow.response.content)["detail"]
+    assert counted("receipts_journal_unavailable_total", action="refused") == before + 1
     assert sender.sent == []
 
 

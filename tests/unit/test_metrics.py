@@ -94,3 +94,31 @@ def test_an_error_that_is_not_the_stores_is_not_swallowed():
 
     with pytest.raises(KeyError):
         samples(metrics.registry_for(broken))
+
+
+def test_the_write_counter_s_host_label_is_bounded():
+    """An agent writing to ever new hosts cannot grow the series without bound: after HOST_LABELS hosts, `other`."""
+    labels = metrics._HostLabels(3)
+    assert [labels(h) for h in ("a", "b", "a", "c", "d", "e", "b")] == ["a", "b", "a", "c", "other", "other", "b"]
+
+
+def test_the_store_s_other_gauges_are_read_at_scrape_time():
+    held = {"ratio": 0.25}
+    reads = metrics.StoreReads(
+        stats=lambda: JournalStats(stats(outcome_unknown=1).by_state, {}, 90.0, {"outcome_unknown": 90.0, "submitted": 2.0}),
+        approval_wait_ratio=lambda: held["ratio"],
+        instances=lambda: {"live": 2, "lost": 1},
+    )
+    registry = metrics.registry_for(reads)
+    got = samples(registry)
+    assert got[("receipts_oldest_age_seconds", (("state", "outcome_unknown"),))] == 90.0
+    assert got[("receipts_oldest_age_seconds", (("state", "manual_review"),))] == 0  # every open state, 0 included
+    assert not any(dict(labels).get("state") == "succeeded" for name, labels in got if name == "receipts_oldest_age_seconds")
+    assert got[("receipts_approval_wait_ratio", ())] == 0.25
+    assert got[("receipts_proxy_instances", (("status", "live"),))] == 2 and got[("receipts_proxy_instances", (("status", "lost"),))] == 1
+    held["ratio"] = 1.5
+    assert samples(registry)[("receipts_approval_wait_ratio", ())] == 1.5
+    for table in ("receipts", "duplicate_refusals", "approvals", "verifier_controls"):  # served, from the start
+        assert ("receipts_pruned_total", (("table", table),)) in got
+    for action in ("refused", "forwarded"):
+        assert ("receipts_journal_unavailable_total", (("action", action),)) in got

@@ -10,7 +10,7 @@ from proxy_addon.admin.views import list_filters, list_page, status_of
 from proxy_addon.exceptions import InvalidResolutionError, NotResolvableError, StaleStateError
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import RESOLUTION_STATES, RESOLVABLE_STATES, State
-from proxy_addon.views import documents, journaled, review, rule_health
+from proxy_addon.views import glance, journaled, review, rule_health
 
 routes = Routes()
 FORM_FIELDS = ("state", "note", "external_id", "who")
@@ -26,8 +26,8 @@ def index() -> str:
         rows=rows,
         next_page=_page_after(after),
         now=utcnow(),
-        stats=store.retention.stats(),
-        open_states=[s.value for s in documents.STATE_GROUPS["open"]],
+        head=glance.header(store.retention.stats()),
+        chart=glance.chart(store.overview.recent_writes()),
         selected=request.args.get("state", "open"),
         host=request.args.get("host", ""),
         host_filter=host,
