@@ -148,9 +148,11 @@ def problems(dialect: str, statement: str, plan: Any, steps: int) -> list[str]:
     return [f"{short}: {f} ({json.dumps([r[-1] for r in plan])})" for f in found]
 
 
-@pytest.fixture
-def skewed(migrated_url: str) -> tuple[str, dict[str, str]]:
-    return migrated_url, seed(migrated_url)
+@pytest.fixture(scope="module")
+def skewed(module_db_url: str) -> tuple[str, dict[str, str]]:
+    """Seeded once per database for the module (the tests after the hot path's see its few receipts too; the
+    prune's, last, deletes two batches of the oldest)."""
+    return module_db_url, seed(module_db_url)
 
 
 def test_no_write_of_the_hot_path_reads_the_history(skewed):
