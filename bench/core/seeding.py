@@ -130,14 +130,19 @@ def seed_rows(numbers: range, n: int, upstream_port: int, now: datetime) -> list
 def transitions_of_batch(first_created: datetime, last_created: datetime) -> Insert:
     """Planned, submitted and the terminal state, for each receipt created in that interval."""
     receipts = Receipt.__table__.c
+    return history_of(receipts.created_at.between(first_created, last_created), receipts.completed_at)
+
+
+def history_of(in_batch: Any, last_at: Any) -> Insert:
+    """Planned, submitted and the state each receipt `in_batch` selects is in (at `last_at`), as history rows."""
+    receipts = Receipt.__table__.c
     transitions = ReceiptTransition.__table__
     detail = literal(SEED_DETAIL, transitions.c.detail.type)
     steps = (
         (null(), literal("planned"), receipts.created_at),
         (literal("planned"), literal("submitted"), receipts.submitted_at),
-        (literal("submitted"), receipts.state, receipts.completed_at),
+        (literal("submitted"), receipts.state, last_at),
     )
-    in_batch = receipts.created_at.between(first_created, last_created)
     rows = union_all(*(select(receipts.operation_id, *step, detail).where(in_batch) for step in steps))
     return insert(transitions).from_select(["operation_id", "from_state", "to_state", "recorded_at", "detail"], rows)
 

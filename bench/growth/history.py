@@ -17,9 +17,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, Index, and_, insert, literal, null, select, text, union_all
+from sqlalchemy import Engine, Index, and_, insert, text
 
-from bench.core.seeding import RESPONSE_HEADERS, SEED_DETAIL, seeding_engine
+from bench.core.seeding import RESPONSE_HEADERS, history_of, seeding_engine
 from proxy_addon.journal.tables import Receipt, ReceiptTransition
 from proxy_addon.store import ReceiptStore
 
@@ -103,16 +103,7 @@ def _row(i: int, n: int, upstream_port: int, now: datetime) -> Row:
 def _history_of(first_seq: int, last_seq: int) -> Any:
     """Planned, submitted and the state it is in, for each receipt of that journal order range."""
     receipts = Receipt.__table__.c
-    transitions = ReceiptTransition.__table__
-    detail = literal(SEED_DETAIL, transitions.c.detail.type)
-    steps = (
-        (null(), literal("planned"), receipts.created_at),
-        (literal("planned"), literal("submitted"), receipts.submitted_at),
-        (literal("submitted"), receipts.state, receipts.updated_at),
-    )
-    in_batch = and_(receipts.seq >= first_seq, receipts.seq <= last_seq)
-    rows = union_all(*(select(receipts.operation_id, *step, detail).where(in_batch) for step in steps))
-    return insert(transitions).from_select(["operation_id", "from_state", "to_state", "recorded_at", "detail"], rows)
+    return history_of(and_(receipts.seq >= first_seq, receipts.seq <= last_seq), receipts.updated_at)
 
 
 def _as_autovacuum_would(engine: Engine) -> None:

@@ -9,7 +9,7 @@ Views find the store, the config and the login state in `admin()`, the app's `Ad
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from flask import Flask, current_app
 from prometheus_client import CollectorRegistry
@@ -19,22 +19,11 @@ from proxy_addon.admin.views import ProblemView
 from proxy_addon.config import AdminSettings, ReceiptsConfig
 from proxy_addon.rules.answers import PROBLEM_CONTENT_TYPE
 from proxy_addon.store import ReceiptStore
+from proxy_addon.views.schemas import Param
 
 View = Callable[..., Any]
 _CONTEXT = "receipts.admin"
 _ROUTES = "receipts.routes"
-
-
-@dataclass(frozen=True)
-class Param:
-    """A path or query parameter; `schema` is its JSON schema."""
-
-    name: str
-    where: Literal["path", "query"]
-    schema: Mapping[str, Any]
-    description: str | None = None
-    style: str | None = None
-    explode: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ what it describes is what is served."""
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
-from proxy_addon.views.schemas import REF, Components
+from proxy_addon.views.schemas import REF, Components, Param
 
 NAMES = {"ReceiptView": "Receipt", "AgentReceiptView": "AgentReceipt", "TransitionView": "Transition",
          "RetryView": "RetryDecision", "CheckRequest": "Check", "CheckView": "CheckDecision", "ApprovalView": "Approval"}
@@ -30,16 +30,6 @@ INFO = {
         "server with the same tools is at /mcp. Times are UTC, RFC 3339."
     ),
 }
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    where: Literal["path", "query"]
-    schema: Mapping[str, Any]
-    description: str | None = None
-    style: str | None = None
-    explode: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 names the API's clients know: the admin API's (admin/openapi.py) and the agent API's (agent_api/openapi.py)."""
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter
@@ -53,3 +54,15 @@ class Components:
         if isinstance(ref, str) and ref.startswith(REF.format(model="")):
             cleaned["$ref"] = REF.format(model=self.component(ref.rsplit("/", 1)[1]))
         return cleaned
+
+
+@dataclass(frozen=True)
+class Param:
+    """A path or query parameter; `schema` is its JSON schema."""
+
+    name: str
+    where: Literal["path", "query"]
+    schema: Mapping[str, Any]
+    description: str | None = None
+    style: str | None = None
+    explode: bool | None = None
