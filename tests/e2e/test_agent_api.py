@@ -282,8 +282,10 @@ def test_under_mitmdump_no_connection_to_the_reserved_host_is_tried(tmp_path):
                 r = client.get(f"{scheme}://localhost:{listener.port}/receipts")
                 assert r.status_code == 200 and r.json() == [], r.text
             assert listener.accepted == 0, log_path.read_text()
-            with pytest.raises(httpx.HTTPError):
-                client.get(f"https://127.0.0.1:{listener.port}/receipts")
+            try:  # the listener speaks no TLS: mitmproxy fails the tunnel, or answers 502, as its timing falls
+                assert client.get(f"https://127.0.0.1:{listener.port}/receipts", timeout=3).status_code >= 500
+            except httpx.HTTPError:
+                pass
         assert listener.accepted >= 1  # the listener counts what does connect
     finally:
         stop_process(proc)
