@@ -108,8 +108,9 @@ def test_a_replica_stalled_past_dead_after_and_later_killed_is_recovered_again(p
         database = topology.database_url
         victim = topology.services["proxy-1"]
         pid = victim.proc.pid
+        # the load outlives the waits below (10 + 15 + 10 s at most) on a slow machine; stop() ends it when done
         agents = Agents(topology.proxy_urls, upstream.items_url, intent_pool(30, MIXED, seed=9, slow_seconds=0.6),
-                        threads=6, per_thread=80, seconds=25, seed=33).start()
+                        threads=6, per_thread=200, seconds=60, seed=33).start()
         try:
             with open_store(database) as store:
                 def holding(since: datetime | None = None) -> list:
