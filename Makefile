@@ -35,9 +35,7 @@ test: $(STAMP)
 	scripts/ensure-openapi-docs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	# three workers on two cores: most tests wait on processes, sockets and timers, and a third fills the waits
-	# (2,647 tests: 7 m 21 s with two, 5 m 40 s with three, here)
-	$(PY) -m pytest -n 3 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) receipts.db receipts.db-wal receipts.db-shm
