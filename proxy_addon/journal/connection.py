@@ -1,14 +1,18 @@
 """The writer's one database connection: opened through the project's engine, used below SQLAlchemy."""
 
 import math
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
 from sqlalchemy import event
 
-from proxy_addon.db import make_engine, milliseconds, parse_database_url
+from proxy_addon.db import SQLITE_BUSY_TIMEOUT_MS, make_engine, milliseconds, parse_database_url
 from proxy_addon.journal.statements import DriverStatements
+
+LOCK_POLL = 0.001  # seconds between two tries for SQLite's write lock (see _begin_immediate)
 
 
 class DriverConnection:
@@ -56,7 +60,7 @@ class DriverConnection:
             if within is not None:
                 self._bound(driver, within)
             if self.dialect == "sqlite":
-                driver.execute("BEGIN IMMEDIATE")  # the write lock now: no deadlock on a later upgrade
+                self._begin_immediate(driver)
             yield driver
         except BaseException:
             self._discard(driver)
@@ -81,12 +85,33 @@ class DriverConnection:
             ms = min(ms, self._wait_ms)
         if ms is None or ms == self._bound_ms:
             return
-        if self.dialect == "sqlite":
-            driver.execute(f"PRAGMA busy_timeout = {ms}")
-        else:
+        if self.dialect == "postgresql":  # SQLite's one wait, for the write lock, is _begin_immediate's
             driver.execute(f"SET statement_timeout = {ms}")
             driver.execute(f"SET lock_timeout = {ms}")
         self._bound_ms = ms
+
+    def _begin_immediate(self, driver: Any) -> None:
+        """BEGIN IMMEDIATE (the write lock now: no deadlock on a later upgrade), waiting for the lock by polling
+        it every LOCK_POLL seconds until the connection's bound.
+
+        SQLite's own busy handler sleeps 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50 and then 100 ms between its
+        tries: a writer that waited through one batch of `receipts prune` (which holds the lock ~25 ms and then
+        leaves it as long) slept through the gap after it and the next batch, and lost 100-300 ms where a batch
+        took 25 (docs/performance.md, "Prune"). Polled every millisecond it takes the lock in the gap after the
+        batch it waited for. The connection's busy timeout stays in force for every other lock it may meet."""
+        deadline = time.monotonic() + (self._bound_ms or SQLITE_BUSY_TIMEOUT_MS) / 1000
+        driver.execute("PRAGMA busy_timeout = 0")
+        try:
+            while True:
+                try:
+                    driver.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as e:
+                    if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                        raise
+                time.sleep(LOCK_POLL)
+        finally:
+            driver.execute(f"PRAGMA busy_timeout = {self._bound_ms or SQLITE_BUSY_TIMEOUT_MS}")
 
     def _driver(self) -> Any:
         if self._pooled is None:

@@ -172,9 +172,21 @@ class Retention:
                 deleted = conn.execute(delete(receipts).where(batch)).rowcount or 0
                 _fold(conn)
             took = time.monotonic() - held  # not the wait for the lock: the writers had it meanwhile
+            if sqlite:
+                self._checkpoint()
             yield deleted
             size = min(most, max(MIN_BATCH, int(size * seconds / max(took, 1e-3))))
             time.sleep(max(pause, took if sqlite else 0) if pause else 0)
+
+    def _checkpoint(self) -> None:
+        """Copy the batch's pages from SQLite's write-ahead log into the database now, on the prune's own
+        connection, without taking the write lock (PASSIVE). Otherwise the log outgrows SQLite's checkpoint
+        threshold (1,000 pages) in a few batches, and the commit of whichever writer crosses it next (a proxy's
+        write as often as a batch) copies and syncs it before returning."""
+        with self.db.storage_errors(), self.db.engine.connect() as conn:
+            raw = conn.connection.dbapi_connection
+            assert raw is not None
+            raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def _prune_by_age(self, table: Table, which: ColumnElement[bool], pause: float, key: Column[Any] | None = None) -> int:
         """Delete the rows of `table` that `which` selects, BATCH at a time by their key; how many."""

@@ -108,7 +108,7 @@ def test_a_replica_stalled_past_dead_after_and_later_killed_is_recovered_again(p
         database = topology.database_url
         victim = topology.services["proxy-1"]
         pid = victim.proc.pid
-        # the load outlives the waits below (10 + 15 + 10 s at most) on a slow machine; stop() ends it when done
+        # the load while proxy-1 is frozen and wakes; stop() ends it when done
         agents = Agents(topology.proxy_urls, upstream.items_url, intent_pool(30, MIXED, seed=9, slow_seconds=0.6),
                         threads=6, per_thread=200, seconds=60, seed=33).start()
         try:
@@ -139,8 +139,14 @@ def test_a_replica_stalled_past_dead_after_and_later_killed_is_recovered_again(p
                     at_upstream = {r.operation_id for r in upstream.received()}
                     return [r for r in slow(holding(woke)) if r.operation_id in at_upstream]
 
-                held = wait_for(sent_after_waking, 10, 0.02)
-                victim.kill()
+                # slow writes of their own to proxy-1 from now on, whether or not the first load is still going
+                awake = Agents([victim.url], upstream.items_url, intent_pool(12, {SLOW: 1.0}, seed=10, slow_seconds=0.6),
+                               threads=3, per_thread=100, seconds=60, seed=34).start()  # fmt: skip
+                try:
+                    held = wait_for(sent_after_waking, 15, 0.02)
+                    victim.kill()
+                finally:
+                    sent += awake.stop()
                 assert held, "proxy-1 did not take a write again after waking up"
                 assert wait_for(lambda: not holding() and recovered([r.operation_id for r in held]), 30, 0.2), (
                     f"the killed replica's receipts not recovered 30 s later: {[r.operation_id for r in holding()]}, "

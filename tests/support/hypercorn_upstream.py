@@ -51,6 +51,7 @@ class HypercornUpstream:
         config.bind = [f"127.0.0.1:{self.port}"]
         config.certfile, config.keyfile = str(directory / "upstream-cert.pem"), str(directory / "upstream-key.pem")
         config.keep_alive_timeout = self.keep_alive_timeout
+        config.graceful_timeout = 1.0  # stop() need not wait out a connection the test left open
         config.accesslog = config.errorlog = None
         ready = threading.Event()
 
