@@ -5,12 +5,17 @@ that needs it is skipped when it is down; under CI=true it fails instead, becaus
 """
 
 import os
+import shutil
+import sqlite3
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
 import structlog
 from alembic import command
+from sqlalchemy.engine import make_url
 from support.pg import fresh_database, libpq_url
 
 from proxy_addon.db import alembic_config, make_engine
@@ -71,24 +76,52 @@ def migrate(url: str) -> None:
     command.upgrade(alembic_config(url), "head")
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory) -> Path:
+    """A migrated SQLite file that each test's migrated journal is a copy of (a copy takes a millisecond,
+    migrating 40 ms)."""
+    path = tmp_path_factory.mktemp("template") / "receipts.db"
+    migrate(f"sqlite:///{path}")
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # everything in the file itself: the copy is whole
+    return path
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server: str) -> Iterator[str]:
+    """A migrated database (this worker's own: nobody else connects to it) that each test's migrated database is
+    created from: CREATE DATABASE ... TEMPLATE takes 0.07 s here, an empty one 0.24 s and migrating it 0.13 s,
+    for the 400 tests on PostgreSQL."""
+    with fresh_database(pg_server, prefix="receipts_tpl") as url:
+        migrate(url)
+        yield str(make_url(url).database)
+
+
+@contextmanager
+def migrated_database(request: pytest.FixtureRequest, kind: str, directory: Path, prefix: str) -> Iterator[str]:
+    """A migrated journal of its own, copied from this worker's template."""
+    if kind == "sqlite":
+        path = directory / "receipts.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite:///{path}"
+        return
+    with fresh_database(request.getfixturevalue("pg_server"), prefix, request.getfixturevalue("pg_template")) as url:
+        yield url
+
+
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def module_db_url(request, tmp_path_factory) -> Iterator[str]:
     """One migrated database per backend for a whole module, for modules that share one proxy or world
     (creating one per test costs more than the test)."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('module_db') / 'receipts.db'}"
-        migrate(url)
-        yield url
-        return
-    with fresh_database(request.getfixturevalue("pg_server"), prefix="receipts_mod") as url:
-        migrate(url)
+    with migrated_database(request, request.param, tmp_path_factory.mktemp("module_db"), "receipts_mod") as url:
         yield url
 
 
-@pytest.fixture
-def migrated_url(db_url: str) -> str:
-    migrate(db_url)
-    return db_url
+@pytest.fixture(params=["sqlite", "postgresql"])
+def migrated_url(request, tmp_path) -> Iterator[str]:
+    """Each test that takes this runs twice, on a migrated SQLite file and on a migrated PostgreSQL database."""
+    with migrated_database(request, request.param, tmp_path, "receipts_t") as url:
+        yield url
 
 
 @pytest.fixture

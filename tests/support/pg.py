@@ -14,11 +14,12 @@ def libpq_url(url: str) -> str:
 
 
 @contextmanager
-def fresh_database(server_url: str, prefix: str = "receipts_t") -> Iterator[str]:
-    """A new, empty database on the server at `server_url`; its connections are ended and it is dropped after."""
+def fresh_database(server_url: str, prefix: str = "receipts_t", template: str | None = None) -> Iterator[str]:
+    """A new database on the server at `server_url`, empty or a copy of the database named `template` (which
+    nobody may be connected to); its connections are ended and it is dropped after."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = psycopg.connect(libpq_url(server_url), autocommit=True)
-    admin.execute(f'CREATE DATABASE "{name}"')
+    admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     try:
         yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
     finally:
