@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 CONFIG ?= config.yaml
 PORT ?= 8080
 STAMP := $(VENV)/.installed
+# Python compiles each module once and keeps its bytecode: where the environment says not to, every process the
+# suite starts (proxies, CLI commands, workers) compiled the project again, and pytest rewrote every test module.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test venv migrate clean
 

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from proxy_addon.agents.tokens import check_name, new_token, token_hash
-from proxy_addon.cli.common import EXIT_OK, Commands, load
+from proxy_addon.cli.common import EXIT_OK, Commands, argument, load
 from proxy_addon.config import agents_file as config_file
 from proxy_addon.exceptions import ConfigError
 from proxy_addon.views.terminal import print_json
@@ -53,11 +53,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def name_arg(text: str) -> str:
-    try:
-        return check_name(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+name_arg = argument(check_name)
 
 
 def add_agents(commands: Commands) -> None:

@@ -15,6 +15,20 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 Handler = Callable[[argparse.Namespace], int]
 
 
+def argument[T](parse: Callable[[str], T], keep_text: bool = False) -> Callable[[str], Any]:
+    """An argparse `type` from a parser that raises ValueError: its message becomes the usage error (exit 2).
+    `keep_text`: the argument is checked only, and kept as it was written."""
+
+    def convert(text: str) -> Any:
+        try:
+            parsed = parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text if keep_text else parsed
+
+    return convert
+
+
 class UsageParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

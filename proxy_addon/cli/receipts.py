@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from proxy_addon.agents.tokens import ANONYMOUS_AGENT
-from proxy_addon.cli.common import EXIT_OK, Commands, load, open_store
+from proxy_addon.cli.common import EXIT_OK, Commands, argument, load, open_store
 from proxy_addon.rules.records import ANY_AGENT, AgentFilter, ReceiptRecord
 from proxy_addon.rules.states import RESOLUTION_STATES
 from proxy_addon.units import parse_duration
@@ -16,7 +16,6 @@ from proxy_addon.views import terminal
 from proxy_addon.views.documents import (
     LIST_COLUMNS,
     PUBLIC_COLUMNS,
-    HostFilter,
     expand_states,
     host_query,
     parse_agent_filter,
@@ -170,43 +169,17 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 # -- the parser ---------------------------------------------------------------------------------------------
 
 
-def duration_arg(text: str) -> str:
-    try:
-        parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+def _parse_listen(text: str) -> tuple[str, int]:
+    from proxy_addon.admin.server import parse_listen  # the admin server's imports only where it is asked for
+
+    return parse_listen(text)
 
 
-def host_arg(text: str) -> HostFilter:
-    try:
-        return parse_host_filter(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def listen_arg(text: str) -> tuple[str, int]:
-    from proxy_addon.admin.server import parse_listen
-
-    try:
-        return parse_listen(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def agent_arg(text: str) -> AgentFilter:
-    try:
-        return parse_agent_filter(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def state_arg(text: str) -> str:
-    try:
-        expand_states([text])
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
+duration_arg = argument(parse_duration, keep_text=True)
+host_arg = argument(parse_host_filter)
+listen_arg = argument(_parse_listen)
+agent_arg = argument(parse_agent_filter)
+state_arg = argument(lambda text: expand_states([text]), keep_text=True)
 
 
 def add_reconcile(commands: Commands) -> None:
