@@ -6,7 +6,7 @@ from typing import Any
 from flask import redirect, render_template, request, url_for
 
 from proxy_addon.admin.routing import Routes, admin
-from proxy_addon.admin.views import list_filters, list_page, status_of
+from proxy_addon.admin.views import host_arg, list_page, status_of
 from proxy_addon.exceptions import InvalidResolutionError, NotResolvableError, StaleStateError
 from proxy_addon.rules.records import utcnow
 from proxy_addon.rules.states import RESOLUTION_STATES, RESOLVABLE_STATES, State
@@ -20,7 +20,6 @@ FORM_FIELDS = ("state", "note", "external_id", "who")
 def index() -> str:
     store = admin().store
     rows, after = list_page(store, default_state="open")
-    host = list_filters(default_state="open")[1]
     return render_template(
         "index.html",
         rows=rows,
@@ -30,7 +29,7 @@ def index() -> str:
         chart=glance.chart(store.overview.recent_writes()),
         selected=request.args.get("state", "open"),
         host=request.args.get("host", ""),
-        host_filter=host,
+        host_filter=host_arg(request.args),
         agent=request.args.get("agent", ""),
         older_than=request.args.get("older_than", ""),
         rule_health=rule_health.stored_health(store, admin().config),
