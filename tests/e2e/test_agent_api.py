@@ -16,44 +16,30 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from openapi_spec_validator import validate
-from support.e2e import open_store, settled, stop_process, tag, wait_for
-from support.proxy import REPO, RunningProxy, start_inprocess_proxy
-from support.reconcile import articles_rule, search
+from support.agents_env import TOKENS, AgentsEnv, agents_env
+from support.e2e import settled, stop_process, tag, wait_for
+from support.proxy import REPO
 from support.server import accepts, free_port
-from support.world import COMMIT_THEN_HANG, World, start_world
+from support.world import COMMIT_THEN_HANG
 
-from proxy_addon.agents.tokens import new_token, token_hash
 from proxy_addon.config import load_config
 from proxy_addon.reconcile.worker import Reconciler
-from proxy_addon.store import ReceiptStore
 from proxy_addon.views.documents import dumps, show_document
 from tests.conftest import migrate
 
 API = "http://receipts.internal"
-TOKENS = {"billing": new_token(), "support": new_token()}
 
 
-@dataclass
-class Env:
-    proxy: RunningProxy
-    store: ReceiptStore
-    world: World
-    config: Path
-    admin_port: int
-    ca: Path
-
+class Env(AgentsEnv):
     def client(self, agent: str | None = None, **kw) -> httpx.Client:
-        """A client of this agent (its token in the proxy URL, as HTTPS_PROXY would carry it), or an anonymous one."""
-        auth = f"{agent}:{TOKENS[agent]}@" if agent else ""
-        trusted = ssl.create_default_context(cafile=str(self.ca))  # the proxy's CA, as SSL_CERT_FILE would give it
-        return httpx.Client(proxy=f"http://{auth}127.0.0.1:{self.proxy.port}", trust_env=False, timeout=60, verify=trusted, **kw)
+        """A client of this agent, or an anonymous one, trusting the proxy's CA."""
+        trusted = ssl.create_default_context(cafile=str(self.ca))
+        return httpx.Client(proxy=self.proxy_url(agent), trust_env=False, timeout=60, verify=trusted, **kw)
 
     def write(self, client: httpx.Client, title: str) -> httpx.Response:
         return client.post(f"{self.world.base}/api/articles", json={"title": title, "body_markdown": "x"})
@@ -61,26 +47,8 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(module_db_url, tmp_path_factory) -> Iterator[Env]:
-    tmp = tmp_path_factory.mktemp("agent_api")
-    world = start_world()
-    admin_port = free_port()
-    config = tmp / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "secret_file": str(tmp / "secret"),
-        "logging": {"level": "warning"},
-        "admin": {"enabled": True, "listen_port": admin_port},
-        "agents": {name: {"token_hash": token_hash(token)} for name, token in TOKENS.items()},
-        "defaults": {"upstream_timeout": "1s"},
-        "reconcile": {"backoff": "50ms", "per_host_rate": 1000},
-        "hosts": {world.netloc: {"operations": [articles_rule(search())]}},
-    }))
-    proxy = start_inprocess_proxy(config, module_db_url, tmp / "confdir")
-    try:
-        with open_store(module_db_url) as store:
-            yield Env(proxy, store, world, config, admin_port, tmp / "confdir" / "mitmproxy-ca-cert.pem")
-    finally:
-        proxy.stop()
-        world.stop()
+    with agents_env(Env, module_db_url, tmp_path_factory.mktemp("agent_api"), admin_port=free_port()) as started:
+        yield started
 
 
 def problem_type(r: httpx.Response) -> str:

@@ -9,41 +9,24 @@ import asyncio
 import os
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from mcp import Client, StdioServerParameters
-from support.e2e import open_store, settled, tag, wait_for
+from support.agents_env import AgentsEnv, agents_env
+from support.e2e import settled, tag, wait_for
 from support.mcp_server import mcp_client
-from support.proxy import REPO, RunningProxy, start_inprocess_proxy
-from support.reconcile import articles_rule, search
-from support.world import COMMIT_THEN_HANG, World, start_world
+from support.proxy import REPO
+from support.world import COMMIT_THEN_HANG
 
-from proxy_addon.agents.tokens import new_token, token_hash
 from proxy_addon.config import load_config
 from proxy_addon.reconcile.worker import Reconciler
-from proxy_addon.store import ReceiptStore
 
 MCP_URL = "http://receipts.internal/mcp"
-TOKENS = {"billing": new_token(), "support": new_token()}
 TOOLS = {"list_receipts", "get_receipt", "wait_for_receipt", "check_write"}
 
 
-@dataclass
-class Env:
-    proxy: RunningProxy
-    store: ReceiptStore
-    world: World
-    config: Path
-    database_url: str
-
-    def proxy_url(self, agent: str | None) -> str:
-        auth = f"{agent}:{TOKENS[agent]}@" if agent else ""
-        return f"http://{auth}127.0.0.1:{self.proxy.port}"
-
+class Env(AgentsEnv):
     def write(self, agent: str | None, title: str) -> Any:
         import httpx
 
@@ -53,24 +36,8 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(module_db_url, tmp_path_factory) -> Iterator[Env]:
-    tmp = tmp_path_factory.mktemp("agent_mcp")
-    world = start_world()
-    config = tmp / "config.yaml"
-    config.write_text(yaml.safe_dump({
-        "secret_file": str(tmp / "secret"),
-        "logging": {"level": "warning"},
-        "agents": {name: {"token_hash": token_hash(token)} for name, token in TOKENS.items()},
-        "defaults": {"upstream_timeout": "1s"},
-        "reconcile": {"backoff": "50ms", "per_host_rate": 1000},
-        "hosts": {world.netloc: {"operations": [articles_rule(search())]}},
-    }))
-    proxy = start_inprocess_proxy(config, module_db_url, tmp / "confdir")
-    try:
-        with open_store(module_db_url) as store:
-            yield Env(proxy, store, world, config, module_db_url)
-    finally:
-        proxy.stop()
-        world.stop()
+    with agents_env(Env, module_db_url, tmp_path_factory.mktemp("agent_mcp")) as started:
+        yield started
 
 
 def structured(result: Any) -> dict[str, Any]:
