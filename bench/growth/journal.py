@@ -181,7 +181,7 @@ def measure(kind: str, size: int, args: argparse.Namespace, tmp: Path) -> Row:
         journal.start()
         journal.writes()
         journal.reads()
-        if size:
+        if size and args.prune_budget > 0:
             journal.prune_under_load()
     finally:
         journal.stop()
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reads", type=int, default=5, help="times each read is timed (the median is reported)")
     p.add_argument("--prune-requests", type=int, default=1000, help="writes per round of the c=4 load")
     p.add_argument("--alone-rounds", type=int, default=5, help="rounds of the c=4 load without the prune (its baseline)")
-    p.add_argument("--prune-budget", type=float, default=900.0, help="seconds a prune may run before it is stopped")
+    p.add_argument("--prune-budget", type=float, default=900.0, help="seconds a prune may run before it is stopped (0: no prune)")
     p.add_argument("--pg-admin-url", default=PG_ADMIN)
     p.add_argument("--out", type=Path, default=Path("/tmp/bench-journal"))
     p.add_argument("--tmp", type=Path, default=None, help="where the SQLite files go (default: a temporary directory)")
