@@ -51,7 +51,7 @@ from proxy_addon.rules.answers import Answer
 from proxy_addon.rules.operations import OperationRule
 from proxy_addon.rules.policy import HostPolicy
 from proxy_addon.rules.records import Intent, Verdict, new_operation_id
-from proxy_addon.rules.send_result import SendResult
+from proxy_addon.rules.send_result import SendEnd, SendResult
 from proxy_addon.rules.states import State
 from proxy_addon.rules.verdicts import send_verdict, storable_response
 from proxy_addon.store import ReceiptStore
@@ -170,7 +170,7 @@ class WriteHandler:
         # structlog's bound_contextvars, without the copy of every context variable it makes to restore this one
         tokens = structlog.contextvars.bind_contextvars(operation_id=operation_id, agent=intent.agent)
         try:
-            return await self._send(facts, policy, intent, rule, agent_key, head)
+            return await self._send(facts, policy, intent, rule, agent_key, head, lambda: not liveness.lost_since(alive))
         finally:
             structlog.contextvars.reset_contextvars(**tokens)
 
@@ -182,8 +182,13 @@ class WriteHandler:
         rule: OperationRule | None,
         agent_key: str | None,
         head: str | None,
+        may_send: Callable[[], bool],
     ) -> Handled:
-        """2. and 3.: send the journaled request, record its verdict (`head`: its history head), and answer."""
+        """2. and 3.: send the journaled request, record its verdict (`head`: its history head), and answer.
+
+        `may_send` is asked again just before the first byte goes out (after the connect, which may take up to
+        connect_timeout): a proxy frozen in between may have been taken for dead, its receipt recovered and
+        settled `safe_to_retry` by a read that found nothing; sent after all, the write would contradict it."""
         operation_id = intent.operation_id
         headers = list(facts.raw_headers)
         if policy.inject_idempotency_key and agent_key is None:
@@ -192,7 +197,9 @@ class WriteHandler:
         log.debug("receipt_submitted", operation=intent.operation, method=facts.method, host=facts.host)
         keepalive = policy.upstream_keepalive if policy.upstream_connections == "reuse" else None
         timeouts = Timeouts(policy.connect_timeout, policy.upstream_timeout, policy.upstream_deadline, keepalive)
-        result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts)
+        result = await self.sender.send_once(facts.method, facts.url, headers, facts.raw_body, timeouts, may_send)
+        if result.end == SendEnd.NOT_SENT and not may_send():
+            return await self.unsent.stalled(operation_id, head)
         state: str | None = None  # the verdict's, once handed over
         try:
             verdict = facts.call.verdict(send_verdict(result, policy, rule), result)  # what its protocol says

@@ -90,16 +90,28 @@ def classify_exception(exc: BaseException, may_be_written: bool) -> SendEnd:
     return SendEnd.ERROR
 
 
+class Withheld(Exception):
+    """The request was not written after all: at the last look before its first byte, it was no longer this
+    proxy's to send (`may_send`)."""
+
+
 class _Attempt:
     """What one send has done so far: what decides how a failure is classified and what is left to undo."""
 
-    def __init__(self, timeouts: Timeouts):
+    def __init__(self, timeouts: Timeouts, may_send: Callable[[], bool] | None = None):
         self.timeouts = timeouts
+        self.may_send = may_send
         self.acquired = False  # holds a connection slot
         self.written = False  # a byte of the request may have reached the upstream
         self.reused = False
         self.resent: str | None = None
         self.h1: H1Connection | None = None  # the HTTP/1.1 connection in use, to abort on failure
+
+    def last_look(self) -> None:
+        """Just before the request's first byte is handed to a connection (after the wait for a slot and the
+        connect, which may take up to connect_timeout): Withheld if it may no longer be sent."""
+        if self.may_send is not None and not self.may_send():
+            raise Withheld("not sent: at the last look before sending, the proxy may have been taken for dead")
 
     def failed(self, e: Exception, deadline_expired: bool, started: float) -> SendResult:
         end = classify_exception(e, self.written)
@@ -118,7 +130,13 @@ class Sender(Protocol):
     `UpstreamSender` is the one that reaches the network; tests give the handler one that answers from a script."""
 
     async def send_once(
-        self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, timeouts: Timeouts
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[bytes, bytes]],
+        content: bytes,
+        timeouts: Timeouts,
+        may_send: Callable[[], bool] | None = None,
     ) -> SendResult: ...
 
     def close(self) -> None:
@@ -140,15 +158,22 @@ class UpstreamSender:
         self._connecting: dict[Origin, asyncio.Future[H2Connection | H1Connection]] = {}  # to an origin that speaks h2
 
     async def send_once(
-        self, method: str, url: str, headers: list[tuple[bytes, bytes]], content: bytes, timeouts: Timeouts
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[bytes, bytes]],
+        content: bytes,
+        timeouts: Timeouts,
+        may_send: Callable[[], bool] | None = None,
     ) -> SendResult:
-        """One attempt (and, only for a stream the upstream refused unprocessed, one more on a new connection)."""
+        """One attempt (and, only for a stream the upstream refused unprocessed, one more on a new connection).
+        `may_send` is asked last, just before the first byte goes out: False ends it NOT_SENT (Withheld)."""
         started = time.monotonic()
         try:
             request = prepare(method, url, headers, content, keep_alive=timeouts.keepalive is not None)
         except (ValueError, h11.LocalProtocolError) as e:
             return SendResult(SendEnd.NOT_SENT, error=_describe(e), elapsed=time.monotonic() - started)
-        attempt = _Attempt(timeouts)
+        attempt = _Attempt(timeouts, may_send)
         try:
             async with asyncio.timeout(timeouts.deadline) as deadline:
                 try:
@@ -208,6 +233,7 @@ class UpstreamSender:
 
     async def _over_h1(self, conn: H1Connection, request: PreparedRequest, attempt: _Attempt) -> UpstreamResponse:
         attempt.h1 = conn
+        attempt.last_look()
         attempt.written = True  # from here on the upstream may receive the request and act on it
         conn.stream.received = 0
         head, body = await exchange(conn.stream, request.h, request.chunks, attempt.timeouts.idle)
@@ -218,6 +244,7 @@ class UpstreamSender:
 
     async def _over_h2(self, conn: H2Connection, request: PreparedRequest, attempt: _Attempt) -> UpstreamResponse:
         """One stream; if the upstream refused it unprocessed, once more on a new connection, and no more."""
+        attempt.last_look()
         try:
             stream_id = conn.open_stream(request.h2_head, end_stream=not request.content)
         except h2.exceptions.H2Error as e:

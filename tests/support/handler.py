@@ -17,7 +17,9 @@ class FakeSender:
         self.sent: list[tuple[str, str, bytes]] = []
         self.headers: list[dict[bytes, bytes]] = []
 
-    async def send_once(self, method: str, url: str, headers: Any, content: bytes, timeouts: Any) -> SendResult:
+    async def send_once(self, method: str, url: str, headers: Any, content: bytes, timeouts: Any, may_send: Any = None) -> SendResult:
+        if may_send is not None and not may_send():  # UpstreamSender's last look before the first byte
+            return SendResult(SendEnd.NOT_SENT, error="not sent: withheld at the last look")
         self.sent.append((method, url, content))
         self.headers.append({k.lower(): v for k, v in headers})
         return self.results.pop(0)

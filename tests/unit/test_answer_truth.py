@@ -217,13 +217,17 @@ def test_a_handler_replaced_at_run_time_finishes_its_writes_which_the_heartbeat_
 
 
 @pytest.mark.parametrize("recovered_first", [False, True])
-def test_a_proxy_that_stalled_past_half_of_dead_after_does_not_send(journal, recovered_first):
+@pytest.mark.parametrize("frozen_at", ["before the send", "at the last look"])
+def test_a_proxy_that_stalled_past_half_of_dead_after_does_not_send(journal, recovered_first, frozen_at):
     """Frozen (SIGSTOP, a paused VM) between its receipt and its send, long enough that a replica may recover that
     receipt (outcome_unknown, then a read that finds nothing: safe_to_retry): sent after waking, the write would
     reach the upstream while the journal says a retry is safe. So it is not sent: its receipt is closed as not
-    sent, or, when a recovery took it first, left to the reconciler, and the agent is told which."""
+    sent, or, when a recovery took it first, left to the reconciler, and the agent is told which. Frozen "at the
+    last look": after the check that follows the receipt (while it connected), caught by the sender's last look
+    before the first byte."""
     run, addon, sender = journal(created())
     f = post()
+    looks = []
 
     class Frozen:
         """Its heartbeats stopped after the mark (as InstanceLiveness says once a heartbeat came too late)."""
@@ -232,10 +236,13 @@ def test_a_proxy_that_stalled_past_half_of_dead_after_does_not_send(journal, rec
             return 0
 
         def lost_since(self, mark: int) -> bool:
+            looks.append(mark)
+            if frozen_at == "at the last look" and len(looks) == 1:
+                return False  # alive when its receipt was written; frozen before the sender's last look
             assert addon.store is not None
-            if recovered_first:
-                [mine] = addon.store.receipts.list(states=["submitted"], limit=None)
-                addon.store.receipts.transition(mine.operation_id, "submitted", "outcome_unknown",
+            submitted = addon.store.receipts.list(states=["submitted"], limit=None)
+            if recovered_first and submitted:  # the replica's recovery, once
+                addon.store.receipts.transition(submitted[0].operation_id, "submitted", "outcome_unknown",
                                                 {"who": "replica", "error": "proxy_interrupted"}, error_code="proxy_interrupted")
             return True
 

@@ -23,7 +23,7 @@ class FakeSender:
         self.results = list(results)
         self.sent: list[bytes] = []
 
-    async def send_once(self, method: str, url: str, headers: Any, content: bytes, timeouts: Any) -> SendResult:
+    async def send_once(self, method: str, url: str, headers: Any, content: bytes, timeouts: Any, may_send: Any = None) -> SendResult:
         self.sent.append(content)
         return self.results.pop(0)
 

@@ -163,3 +163,28 @@ def test_fresh_connections_speak_http_1_1_one_per_write(hypercorn):
     results = run(script)
     assert all(r.end == SendEnd.ANSWERED and not r.reused for r in results), results
     assert {s.http_version for s in hypercorn.seen} == {"1.1"} and hypercorn.connections == 3
+
+
+@pytest.mark.parametrize("version", ["2", "1.1"])
+def test_the_last_look_before_the_first_byte_withholds_the_request(hypercorn, version):
+    """`may_send` is asked after the connection is made, before the request's first byte: False, and the upstream
+    sees nothing (the handler then closes the receipt as not sent: a proxy frozen while connecting may have been
+    taken for dead, its receipt settled safe_to_retry); True, and the write goes out on the same connection."""
+    timeouts = TIMEOUTS if version == "2" else Timeouts(connect=5.0, idle=5.0)  # fresh: HTTP/1.1
+    asked = []
+
+    def may_send(answer: bool) -> Callable[[], bool]:
+        return lambda: asked.append(answer) or answer
+
+    async def script(sender, clock):
+        url = f"{hypercorn.base}/things/"
+        send = sender.send_once
+        withheld = await send("POST", url + "withheld", [(b"content-type", b"application/json")], b"{}", timeouts, may_send(False))
+        sent = await send("POST", url + "sent", [(b"content-type", b"application/json")], b"{}", timeouts, may_send(True))
+        return [withheld, sent]
+
+    withheld, sent = run(script)
+    assert asked == [False, True]
+    assert withheld.end == SendEnd.NOT_SENT and "last look" in (withheld.error or ""), withheld
+    assert sent.end == SendEnd.ANSWERED, sent
+    assert [(s.path, s.http_version) for s in hypercorn.seen] == [("/things/sent", version)]
