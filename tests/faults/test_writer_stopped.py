@@ -128,7 +128,10 @@ def test_a_stopped_journal_writer_is_killed_within_the_bound_and_what_it_held_is
     assert len(stops) == 1 and stops[0]["how"].startswith("killed: it held a write longer than proxy.journal_timeout"), stops
     assert restarts == 1
     held = [s for s in sent if s.problem == "journal-unavailable" and re.search(HELD, s.detail or "")]
-    assert len(held) == stops[0]["unanswered_records"] >= 1, (len(held), stops)
+    # each of the stopped writer's records is answered 503; so may be, on a loaded machine, records queued for its
+    # replacement that waited past their bound meanwhile (the replacement refuses them unwritten: "expired")
+    expired = sum(e["requests"] for e in log_events(tmp_path / "proxy.log", "journal_writes_expired"))
+    assert 1 <= stops[0]["unanswered_records"] <= len(held) <= stops[0]["unanswered_records"] + expired, (len(held), expired, stops)
     slow = [s for s in sent if s.ended - s.started > JOURNAL_TIMEOUT + SLACK]
     assert not slow, f"answered after more than the bound: {slow}"
     forwarded = {r.send_id for r in upstream.received()}
