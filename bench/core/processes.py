@@ -144,10 +144,10 @@ def read_line(proc: Process, timeout: float) -> str:
         sel.close()
 
 
-def start_upstream(procs: Processes, logs: Path, max_runtime: float) -> int:
-    """Starts bench/core/upstream.py and returns its port."""
+def start_upstream(procs: Processes, logs: Path, max_runtime: float, port: int = 0) -> int:
+    """Starts bench/core/upstream.py (on `port`, or any free one) and returns its port."""
     log = logs / "upstream.log"
-    cmd = [sys.executable, str(CORE / "upstream.py"), "--port", "0", "--max-lifetime", str(max_runtime)]
+    cmd = [sys.executable, str(CORE / "upstream.py"), "--port", str(port), "--max-lifetime", str(max_runtime)]
     proc = procs.start(cmd, log, env=bench_env(), stdout=subprocess.PIPE)
     line = read_line(proc, 15)
     if not line.startswith("LISTENING "):

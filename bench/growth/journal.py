@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: be
 
 import httpx
 
-from bench.core.databases import Db, migrate
+from bench.core.databases import Db, migrate, pg_url_for
 from bench.core.processes import (
     LoadSpec,
     Processes,
@@ -56,7 +56,13 @@ class Journal:
         self.procs = Processes()
         self.run_id = uuid.uuid4().hex[:8]
         name = f"receipts_bench_journal_{size}"
-        self.db = Db.fresh_postgres(args.pg_admin_url, name) if kind == "postgres" else Db.fresh_sqlite(tmp / f"journal-{size}.db")
+        self.reused = bool(size) and kind == "postgres" and args.reuse_seeded
+        if self.reused:  # seeded by an earlier run, which left the database behind
+            self.db = Db("postgres", pg_url_for(args.pg_admin_url, name))
+        elif kind == "postgres":
+            self.db = Db.fresh_postgres(args.pg_admin_url, name)
+        else:
+            self.db = Db.fresh_sqlite(tmp / f"journal-{size}.db")
         self.admin_port = free_port()
         self.config = tmp / f"config-{kind}-{size}.yaml"
         self.config.write_text(
@@ -67,8 +73,8 @@ class Journal:
 
     def start(self) -> None:
         migrate(self.config, self.db.url)
-        self.upstream = start_upstream(self.procs, self.tmp, 7200)
-        if self.size:
+        self.upstream = start_upstream(self.procs, self.tmp, 7200, self.seeded_port() if self.reused else 0)
+        if self.size and not self.reused:
             self.row["seeding"] = seed_history(self.db.url, self.size, self.upstream)
             print(f"  seeded {self.size} in {self.row['seeding']['seconds']} s", flush=True)
         self.row["db_bytes"] = self.db.size_bytes()
@@ -76,6 +82,11 @@ class Journal:
                                                self.tmp / "confdir", self.config, self.db.url)  # fmt: skip
         wait_port(self.admin_port, proc, 60, None)
         self.load(200, 4, "warm-up")  # the writer's start, the first connections: unmeasured
+
+    def seeded_port(self) -> int:
+        """The upstream port the reused history was seeded for: the repeats' target must be its target."""
+        with self.db.connect() as conn:
+            return int(conn.execute("SELECT port FROM receipts WHERE seq = 1").fetchone()[0])
 
     def load(self, requests: int, concurrency: int, phase: str, latencies: bool = False) -> Row:
         spec = LoadSpec(self.port, requests, concurrency, f"/bench/{self.run_id}/{phase}/{uuid.uuid4().hex[:6]}")
@@ -220,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alone-rounds", type=int, default=5, help="rounds of the c=4 load without the prune (its baseline)")
     p.add_argument("--prune-budget", type=float, default=900.0, help="seconds a prune may run before it is stopped (0: no prune)")
     p.add_argument("--pg-admin-url", default=PG_ADMIN)
+    p.add_argument("--reuse-seeded", action="store_true",
+                   help="PostgreSQL: measure the journal an earlier run seeded and left (its size unchanged: no prune since)")
     p.add_argument("--out", type=Path, default=Path("/tmp/bench-journal"))
     p.add_argument("--tmp", type=Path, default=None, help="where the SQLite files go (default: a temporary directory)")
     args = p.parse_args(argv)
