@@ -86,7 +86,7 @@ class Journal:
     def seeded_port(self) -> int:
         """The upstream port the reused history was seeded for: the repeats' target must be its target."""
         with self.db.connect() as conn:
-            return int(conn.execute("SELECT port FROM receipts WHERE seq = 1").fetchone()[0])
+            return int(conn.execute("SELECT port FROM receipts WHERE proxy_instance = 'bench-seed' LIMIT 1").fetchone()[0])
 
     def load(self, requests: int, concurrency: int, phase: str, latencies: bool = False) -> Row:
         spec = LoadSpec(self.port, requests, concurrency, f"/bench/{self.run_id}/{phase}/{uuid.uuid4().hex[:6]}")
