@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 CONFIG ?= config.yaml
 PORT ?= 8080
 STAMP := $(VENV)/.installed
+# The suite waits on processes and servers more than it computes: one pytest worker more than the cores.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 # Python compiles each module once and keeps its bytecode: where the environment says not to, every process the
 # suite starts (proxies, CLI commands, workers) compiled the project again, and pytest rewrote every test module.
 unexport PYTHONDONTWRITEBYTECODE
@@ -38,7 +40,7 @@ test: $(STAMP)
 	scripts/ensure-openapi-docs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) receipts.db receipts.db-wal receipts.db-shm
