@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/costs/keepalive.py [--requests 2000] [--runs 3]
 
-Starts bench/core/upstream.py twice in processes of their own (http, and https with a throw-away self-signed
-certificate) and sends the same small POST many times, at concurrency 1 and 16, through
+Starts bench/core/upstream.py twice in processes of their own (http, and https with a throw-away
+certificate, bench/core/certs.py) and sends the same small POST many times, at concurrency 1 and 16, through
 `UpstreamSender.send_once` as the proxy sends journaled writes: `fresh` (`upstream_connections: fresh`, a
 connection per write) and `reused` (`reuse`, the default: idle connections kept for `upstream_keepalive`).
 Prints CPU milliseconds per request in this process (the sender's cost; the upstream's is in its own
@@ -12,8 +12,6 @@ process), the median latency and the rate, each the median of --runs runs (docs/
 
 import argparse
 import asyncio
-import datetime
-import ipaddress
 import statistics
 import subprocess
 import sys
@@ -23,39 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.* and its proxy_addon
 
+from bench.core.certs import throwaway_ca
 from proxy_addon.request.sender import SendEnd, Timeouts, TLSSettings, UpstreamSender
 
 BODY = b'{"title": "keep-alive or not"}'
 HEADERS = [(b"content-type", b"application/json")]
 MODES = {"fresh": Timeouts(connect=5.0, idle=5.0), "reused": Timeouts(connect=5.0, idle=5.0, keepalive=30.0)}
-
-
-def self_signed(directory: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return cert_path, key_path
 
 
 def start_upstream(tls: tuple[Path, Path] | None) -> tuple[subprocess.Popen, int]:
@@ -100,7 +71,8 @@ def main() -> int:
     print("| upstream | concurrency | connection | CPU ms/request | p50 ms | req/s |")
     print("|---|---:|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
-        cert = self_signed(Path(tmp))
+        _, server_cert, server_key = throwaway_ca(Path(tmp))  # the sender skips verification: no CA to trust
+        cert = (server_cert, server_key)
         for scheme in ("http", "https"):
             proc, port = start_upstream(cert if scheme == "https" else None)
             try:

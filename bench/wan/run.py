@@ -47,6 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: bench.* and its proxy_addon
 
+from bench.core.certs import throwaway_ca
 from bench.core.databases import Db, migrate, pg_drop, pg_unavailable, settled
 from bench.core.processes import (
     REPO,
@@ -60,7 +61,6 @@ from bench.core.processes import (
     wait_port,
     write_proxy_config,
 )
-from bench.wan.certs import throwaway_ca
 from bench.wan.relay import parse_duration_ms
 from bench.wan.report import count_connections, machine_info, markdown, medians, percentile, read_trace, timelines
 from bench.wan.targets import Leg, Run, Target, parse_target

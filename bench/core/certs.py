@@ -1,4 +1,5 @@
-"""A throw-away certificate authority and a server certificate it signs (bench/wan/run.py's HTTPS upstream)."""
+"""A throw-away certificate authority and a server certificate it signs: the HTTPS upstreams of bench/wan/run.py
+and bench/costs/keepalive.py."""
 
 import datetime
 import ipaddress
