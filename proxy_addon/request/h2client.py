@@ -208,11 +208,16 @@ class H2Connection(asyncio.Protocol):
         self._flush()
         return stream_id
 
-    async def exchange(self, stream_id: int, body: bytes, idle: float) -> tuple[Headers, bytes]:
-        """Send the body as flow control allows, read the whole answer; `idle` bounds every wait for progress."""
+    async def exchange(
+        self, stream_id: int, body: bytes, idle: float, before_data: Callable[[], None] | None = None
+    ) -> tuple[Headers, bytes]:
+        """Send the body as flow control allows, read the whole answer; `idle` bounds every wait for progress.
+        `before_data` is called before each DATA frame that follows a wait for the upstream's window, and may
+        raise to keep the rest of the body back (the stream is then reset: the upstream never has the whole
+        request)."""
         stream = self._streams[stream_id]
         try:
-            await self._send_body(stream_id, stream, body, idle)
+            await self._send_body(stream_id, stream, body, idle, before_data)
             while not stream.check():
                 await stream.wait(idle)
             assert stream.head is not None
@@ -225,16 +230,22 @@ class H2Connection(asyncio.Protocol):
                 if self._retired:
                     self.close()
 
-    async def _send_body(self, stream_id: int, stream: _Stream, body: bytes, idle: float) -> None:
+    async def _send_body(
+        self, stream_id: int, stream: _Stream, body: bytes, idle: float, before_data: Callable[[], None] | None
+    ) -> None:
         view = memoryview(body)
-        sent = 0
+        sent, waited = 0, False
         while sent < len(body):
             if stream.check():
                 return  # an early answer: the rest of the body is not needed
             window = min(self._h2.local_flow_control_window(stream_id), self._h2.max_outbound_frame_size)
             if window <= 0:
                 await stream.wait(idle)  # a window update (or the answer) is progress
+                waited = True
                 continue
+            if waited and before_data is not None:  # between frames sent without a wait, no time passes here
+                before_data()
+            waited = False
             chunk = view[sent : sent + window]
             sent += len(chunk)
             self._h2.send_data(stream_id, chunk.tobytes(), end_stream=sent == len(body))

@@ -91,8 +91,8 @@ def classify_exception(exc: BaseException, may_be_written: bool) -> SendEnd:
 
 
 class Withheld(Exception):
-    """The request was not written after all: at the last look before its first byte, it was no longer this
-    proxy's to send (`may_send`)."""
+    """The request, or over HTTP/2 the rest of its body, was not written after all: at the last look before its
+    first byte (or before a DATA frame), it was no longer this proxy's to send (`may_send`)."""
 
 
 class _Attempt:
@@ -112,6 +112,14 @@ class _Attempt:
         connect, which may take up to connect_timeout): Withheld if it may no longer be sent."""
         if self.may_send is not None and not self.may_send():
             raise Withheld("not sent: at the last look before sending, the proxy may have been taken for dead")
+
+    def look_before_data(self) -> None:
+        """Before an HTTP/2 DATA frame sent after a wait: a body larger than the stream's flow-control window
+        waits for the upstream's window updates, and a proxy frozen meanwhile may have been taken for dead,
+        its receipt settled by a read that found nothing. The rest is kept back (the stream reset): the upstream
+        never has the whole request. The receipt says outcome_unknown all the same: part of it went out."""
+        if self.may_send is not None and not self.may_send():
+            raise Withheld("the rest of the body was kept back: the proxy may have been taken for dead while sending it")
 
     def failed(self, e: Exception, deadline_expired: bool, started: float) -> SendResult:
         end = classify_exception(e, self.written)
@@ -251,7 +259,7 @@ class UpstreamSender:
             raise ValueError(f"HTTP/2 refused the request's head: {e}") from e  # nothing was sent
         attempt.written = True
         try:
-            head, body = await conn.exchange(stream_id, request.content, attempt.timeouts.idle)
+            head, body = await conn.exchange(stream_id, request.content, attempt.timeouts.idle, attempt.look_before_data)
         except Refused as refused:
             if attempt.resent is not None:
                 attempt.written = False  # refused twice, processed neither time: not sent

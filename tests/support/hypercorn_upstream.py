@@ -1,5 +1,6 @@
 """hypercorn (HTTP/2 and HTTP/1.1 over TLS, by ALPN) on 127.0.0.1, in a thread of its own, serving a small ASGI
-app that records each request's HTTP version and the client port it came from (one port: one connection)."""
+app that records each request's HTTP version and the client port it came from (one port: one connection), once its
+whole body arrived; a request cut short before its body's end is recorded apart."""
 
 import asyncio
 import json
@@ -26,7 +27,8 @@ class Seen:
 class HypercornUpstream:
     keep_alive_timeout: float = 5.0
     hold_until: int = 0  # requests to `/hold/...` wait until this many have arrived
-    seen: list[Seen] = field(default_factory=list)
+    seen: list[Seen] = field(default_factory=list)  # the requests whose whole body arrived
+    cut_short: list[str] = field(default_factory=list)  # the paths of those ended before their body's end
     port: int = 0
     _changed: threading.Condition = field(default_factory=threading.Condition)
     _loop: asyncio.AbstractEventLoop | None = None
@@ -42,6 +44,10 @@ class HypercornUpstream:
     def connections(self) -> int:
         with self._changed:
             return len({s.client_port for s in self.seen})
+
+    def wait_cut_short(self, path: str, timeout: float = 10.0) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: path in self.cut_short, timeout)
 
     def start(self) -> "HypercornUpstream":
         directory = Path(tempfile.mkdtemp(prefix="hypercorn-"))
@@ -77,8 +83,13 @@ class HypercornUpstream:
                 await send({"type": message["type"] + ".complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        while (await receive()).get("more_body"):
+        while (message := await receive()).get("more_body"):
             pass
+        if message["type"] == "http.disconnect":  # the client reset the stream (or closed) before the body's end
+            with self._changed:
+                self.cut_short.append(scope["path"])
+                self._changed.notify_all()
+            return
         with self._changed:
             self.seen.append(Seen(scope["path"], scope["http_version"], scope["client"][1]))
             held = sum(1 for s in self.seen if s.path.startswith("/hold/"))

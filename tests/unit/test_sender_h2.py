@@ -188,3 +188,30 @@ def test_the_last_look_before_the_first_byte_withholds_the_request(hypercorn, ve
     assert withheld.end == SendEnd.NOT_SENT and "last look" in (withheld.error or ""), withheld
     assert sent.end == SendEnd.ANSWERED, sent
     assert [(s.path, s.http_version) for s in hypercorn.seen] == [("/things/sent", version)]
+
+
+def test_the_rest_of_a_body_longer_than_the_window_is_kept_back_once_the_proxy_may_have_been_taken_for_dead(hypercorn):
+    """A body larger than HTTP/2's flow-control window goes out as the upstream's window updates allow, and
+    `may_send` is asked again before each DATA frame that follows such a wait: a proxy frozen while it waited may have been taken for dead, its
+    receipt settled by a read that found nothing. False after part of the body went out: the stream is reset,
+    the upstream never has the whole request (hypercorn's app is told the client left), and the end is not
+    `not_sent` (part of it went out) but an honest unknown. The connection serves the next write."""
+    body = b'{"pad": "' + b"x" * 300_000 + b'"}'  # several windows of 65,535 bytes
+    asked = []
+
+    def may_send() -> bool:
+        asked.append(len(asked) < 2)  # the last look before the head, and after the first wait for the window
+        return asked[-1]
+
+    async def script(sender, clock):
+        headers = [(b"content-type", b"application/json")]
+        kept_back = await sender.send_once("POST", f"{hypercorn.base}/things/kept-back", headers, body, TIMEOUTS, may_send)
+        whole = await sender.send_once("POST", f"{hypercorn.base}/things/whole", headers, body, TIMEOUTS, lambda: True)
+        return [kept_back, whole]
+
+    kept_back, whole = run(script)
+    assert asked == [True, True, False], asked
+    assert kept_back.end not in (SendEnd.NOT_SENT, SendEnd.ANSWERED) and "kept back" in (kept_back.error or ""), kept_back
+    assert whole.end == SendEnd.ANSWERED and whole.reused, whole
+    assert hypercorn.wait_cut_short("/things/kept-back"), hypercorn.cut_short
+    assert [(s.path, s.http_version) for s in hypercorn.seen] == [("/things/whole", "2")]
