@@ -24,7 +24,7 @@ from openapi_spec_validator import validate
 from support.agents_env import TOKENS, AgentsEnv, agents_env
 from support.e2e import settled, stop_process, tag, wait_for
 from support.proxy import REPO
-from support.server import accepts, free_port
+from support.server import free_port, listens
 from support.world import COMMIT_THEN_HANG
 
 from proxy_addon.config import load_config
@@ -242,7 +242,7 @@ def test_under_mitmdump_no_connection_to_the_reserved_host_is_tried(tmp_path):
             stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path), env={**os.environ, "RECEIPTS_DATABASE_URL": url},
         )
     try:
-        assert wait_for(lambda: accepts(port) or proc.poll() is not None, 30) and proc.poll() is None, log_path.read_text()
+        assert wait_for(lambda: listens(proc.pid, port) or proc.poll() is not None, 30) and proc.poll() is None, log_path.read_text()
         ca = tmp_path / "confdir" / "mitmproxy-ca-cert.pem"
         trusted = ssl.create_default_context(cafile=str(ca))
         with httpx.Client(proxy=f"http://127.0.0.1:{port}", trust_env=False, timeout=30, verify=trusted) as client:

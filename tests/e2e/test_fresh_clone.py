@@ -20,7 +20,7 @@ import httpx
 import pytest
 from support.e2e import open_store, tag
 from support.proxy import REPO
-from support.server import accepts, free_port
+from support.server import free_port, listens
 from support.upstream import start_upstream
 
 from tests.conftest import IN_CI
@@ -63,7 +63,7 @@ def test_make_run_in_a_fresh_clone_journals_a_write(clone, tmp_path):
         )
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while not accepts(port):
+        while not listens(make.pid, port):
             assert make.poll() is None, f"make run exited with {make.returncode}: {log_path.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"nothing listens on {port} after {START_TIMEOUT} s: {log_path.read_text()[-3000:]}"
             time.sleep(0.1)

@@ -21,7 +21,7 @@ from support.e2e import stop_process, tag, wait_for
 from support.faulty_front import DELAY, LOST
 from support.presets import PresetWorld, preset_world
 from support.proxy import REPO
-from support.server import accepts, free_port
+from support.server import free_port, listens
 
 AZURITE = REPO / ".node" / "node_modules" / ".bin" / "azurite-blob"
 ACCOUNT = "devstoreaccount1"
@@ -41,7 +41,7 @@ def azurite(tmp_path_factory) -> Iterator[int]:
         stdout=log, stderr=subprocess.STDOUT, cwd=tmp, env={**os.environ, "AZURITE_ACCOUNTS": f"{ACCOUNT}:{AGENT_KEY}:{RECONCILER_KEY}"},
     )
     try:
-        assert wait_for(lambda: proc.poll() is not None or accepts(port), 30) and proc.poll() is None, (tmp / "azurite.log").read_text()[-2000:]
+        assert wait_for(lambda: proc.poll() is not None or listens(proc.pid, port), 30) and proc.poll() is None, (tmp / "azurite.log").read_text()[-2000:]
         yield port
     finally:
         stop_process(proc)

@@ -21,7 +21,7 @@ from support.e2e import stop_process, tag, wait_for
 from support.faulty_front import DELAY, LOST
 from support.presets import PresetWorld, preset_world
 from support.reconcile import outcome_unknown
-from support.server import accepts, free_port
+from support.server import free_port, listens
 
 POCKETBASE = Path(sys.executable).with_name("pocketbase")
 MIGRATIONS = Path(__file__).parents[1] / "support" / "pocketbase_migrations"
@@ -70,7 +70,7 @@ def pocketbase(tmp_path_factory) -> Iterator[PocketBase]:
         stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
     )
     try:
-        assert wait_for(lambda: proc.poll() is not None or accepts(port), 60) and proc.poll() is None, (tmp / "log").read_text()[-2000:]
+        assert wait_for(lambda: proc.poll() is not None or listens(proc.pid, port), 60) and proc.poll() is None, (tmp / "log").read_text()[-2000:]
         yield PocketBase(port, token(port, "_superusers", SUPERUSER), token(port, "users", AGENT))
     finally:
         stop_process(proc)

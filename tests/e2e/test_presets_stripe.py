@@ -14,7 +14,7 @@ import httpx
 import pytest
 from support.e2e import stop_process, tag, wait_for
 from support.presets import PresetWorld, preset_world
-from support.server import accepts, free_port
+from support.server import free_port, listens
 
 KEY = "sk_test_receipts"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -35,7 +35,7 @@ def localstripe(tmp_path_factory) -> Iterator[int]:
     log = open(tmp_path_factory.mktemp("localstripe") / "log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "localstripe", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
-        assert wait_for(lambda: proc.poll() is not None or accepts(port), 30) and proc.poll() is None, "localstripe did not start"
+        assert wait_for(lambda: proc.poll() is not None or listens(proc.pid, port), 30) and proc.poll() is None, "localstripe did not start"
         yield port
     finally:
         stop_process(proc)

@@ -23,7 +23,7 @@ from support.e2e import (
 )
 from support.e2e import migrate as migrate_url
 from support.proxy import REPO, process_gone, start_inprocess_proxy, start_proxy_process, writer_pid
-from support.server import accepts, free_port
+from support.server import free_port, listens
 from support.upstream import start_upstream
 
 MITMDUMP = Path(sys.executable).parent / "mitmdump"
@@ -108,7 +108,7 @@ def test_mitmdump_with_the_addon_script_journals_a_post(sqlite_url, upstream, tm
             env={**os.environ, "RECEIPTS_DATABASE_URL": sqlite_url},
         )
     try:
-        assert wait_for(lambda: accepts(port) or proc.poll() is not None, 30), "mitmdump did not start"
+        assert wait_for(lambda: listens(proc.pid, port) or proc.poll() is not None, 30), "mitmdump did not start"
         assert proc.poll() is None, log_path.read_text()
         path = f"/mitmdump/{tag()}"
         with proxy_client(f"http://127.0.0.1:{port}") as client:

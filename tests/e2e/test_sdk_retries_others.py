@@ -25,7 +25,7 @@ from support.faulty_front import DELAY, ERROR_500, KINDS, RESET, fronts_before
 from support.proxy import REPO, warmed_inprocess_proxy
 from support.sdk_results import Outcome, cases, record
 from support.sdk_upstreams import SdkUpstream
-from support.server import accepts, free_port
+from support.server import free_port, listens
 
 pytestmark = pytest.mark.postgres
 
@@ -50,7 +50,7 @@ def azurite(tmp_path_factory):
         stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
     )
     try:
-        assert wait_for(lambda: proc.poll() is not None or accepts(port), 30, 0.1) and proc.poll() is None, (
+        assert wait_for(lambda: proc.poll() is not None or listens(proc.pid, port), 30, 0.1) and proc.poll() is None, (
             (tmp / "azurite.log").read_text()[-2000:]
         )
         yield port

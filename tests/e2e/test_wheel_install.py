@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from support.e2e import proxy_client, stop_process, tag
 from support.install import REPO, build_dists, copy_build_inputs, install_wheel, run
-from support.server import accepts, free_port
+from support.server import free_port, listens
 from support.upstream import start_upstream
 
 from proxy_addon import __version__
@@ -138,7 +138,7 @@ def test_from_an_empty_directory_a_write_gets_its_receipt(installed, tmp_path):
         )
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while not accepts(port):
+        while not listens(proxy.pid, port):
             assert proxy.poll() is None, f"receipts proxy exited {proxy.returncode}: {log_path.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"nothing listens on {port}: {log_path.read_text()[-3000:]}"
             time.sleep(0.1)

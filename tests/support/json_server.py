@@ -30,7 +30,7 @@ from proxy_addon.rules.states import State
 from proxy_addon.store import ReceiptStore
 from support.e2e import stop_process, wait_for
 from support.proxy import REPO
-from support.server import accepts, free_port
+from support.server import free_port, listens
 
 JSON_SERVER = REPO / ".node" / "node_modules" / ".bin" / "json-server"
 SEEDS = [{"id": f"seed-{i}", "title": f"seed {i}", "body": "seed"} for i in range(3)]
@@ -64,7 +64,7 @@ def json_server(directory: Path) -> Iterator[JsonServer]:
     argv = [str(JSON_SERVER), "--host", "127.0.0.1", "--port", str(port), "--routes", "routes.json", "--quiet", "db.json"]
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=directory)
     try:
-        up = wait_for(lambda: proc.poll() is not None or accepts(port), 20, 0.05)
+        up = wait_for(lambda: proc.poll() is not None or listens(proc.pid, port), 20, 0.05)
         assert up and proc.poll() is None, (directory / "json-server.log").read_text()[-2000:]
         yield JsonServer(port, proc)
     finally:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import yaml
 
-from support.server import accepts, free_port
+from support.server import free_port, listens
 from tests.conftest import IN_CI
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,7 +126,7 @@ def start_prometheus(workdir: Path, targets: list[str], rule_files: list[Path]) 
     )  # fmt: skip
     server = PrometheusServer(process, port, log)
     try:
-        poll(lambda: process.poll() is not None or accepts(port), 30, "prometheus to listen")
+        poll(lambda: process.poll() is not None or listens(process.pid, port), 30, "prometheus to listen")
         if process.poll() is not None:
             raise AssertionError(f"prometheus exited with {process.returncode}: {log.read_text()[-2000:]}")
         poll(lambda: _ready(server), 30, "prometheus to be ready")

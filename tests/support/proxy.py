@@ -17,7 +17,7 @@ from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
 from proxy_addon.addons.receipts import Receipts, make_addons
-from support.server import accepts, free_port
+from support.server import free_port, listens
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,24 +87,37 @@ def start_proxy_process(
     args: tuple[str, ...] = (),
 ):
     """`receipts proxy` as its own process (with `env` added to its environment, `args` to its command line);
-    returns (Popen, port) once it accepts connections."""
-    port = port or free_port()
+    returns (Popen, port) once it listens. On a port of its choosing, another is tried when the one `free_port`
+    gave was taken by another test's server before the proxy bound it."""
+    for _ in range(3):
+        chosen = port or free_port()
+        proc = _proxy_process(config_path, database_url, confdir, log_path, chosen, env, args)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = log_path.read_text()[-2000:]
+                if port is None and "address already in use" in tail:
+                    break
+                raise RuntimeError(f"receipts proxy exited with {proc.returncode}: {tail}")
+            if listens(proc.pid, chosen):
+                return proc, chosen
+            time.sleep(0.1)
+        else:
+            proc.send_signal(signal.SIGKILL)
+            raise RuntimeError("receipts proxy did not start listening within 30 s")
+    raise RuntimeError(f"receipts proxy found its port taken three times: {log_path.read_text()[-2000:]}")
+
+
+def _proxy_process(
+    config_path: Path, database_url: str, confdir: Path, log_path: Path, port: int, env: dict | None, args: tuple[str, ...]
+) -> subprocess.Popen:
     env = {**os.environ, "RECEIPTS_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1", **(env or {})}
-    log = open(log_path, "ab")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy_addon.cli", "proxy", "--config", str(config_path),
-         "--listen-port", str(port), "--confdir", str(confdir), *args],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(config_path.parent),
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"receipts proxy exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-        if accepts(port):
-            return proc, port
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    raise RuntimeError("receipts proxy did not start listening within 30 s")
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "proxy_addon.cli", "proxy", "--config", str(config_path),
+             "--listen-port", str(port), "--confdir", str(confdir), *args],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(config_path.parent),
+        )
 
 
 def writer_pid(proxy_pid: int) -> int | None:

@@ -1,7 +1,8 @@
-"""Loopback plumbing every test server shares: a free port, "is anything listening", and a threaded HTTP
-server on 127.0.0.1 (optionally behind TLS) that is quiet about clients that went away."""
+"""Loopback plumbing every test server shares: a free port, "is this process listening on it", and a threaded
+HTTP server on 127.0.0.1 (optionally behind TLS) that is quiet about clients that went away."""
 
 import json
+import os
 import socket
 import ssl
 import threading
@@ -15,13 +16,60 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def accepts(port: int) -> bool:
-    """Whether something listens on this loopback port."""
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
+def _listening_inodes(port: int) -> set[str]:
+    """The socket inodes in LISTEN on this TCP port (/proc/net/tcp and tcp6: this network namespace)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(fields[9])
+    return found
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (a server may listen in a child: `make run`'s proxy, npm's node)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(current := todo.pop())
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` (or one it started) listens on this loopback port. `accepts` would be fooled when
+    another test's server took the port between `free_port` and this process's bind, which then failed: a
+    connection to the port would be answered, by the other server."""
+    inodes = _listening_inodes(port)
+    if not inodes:
         return False
+    for process in _process_tree(pid):
+        try:
+            fds = os.listdir(f"/proc/{process}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{process}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                return True
+    return False
 
 
 class LoopbackServer(ThreadingHTTPServer):
