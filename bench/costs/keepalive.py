@@ -71,8 +71,7 @@ def main() -> int:
     print("| upstream | concurrency | connection | CPU ms/request | p50 ms | req/s |")
     print("|---|---:|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
-        _, server_cert, server_key = throwaway_ca(Path(tmp))  # the sender skips verification: no CA to trust
-        cert = (server_cert, server_key)
+        cert = throwaway_ca(Path(tmp))[1:]  # the server's certificate and key; the sender verifies nothing
         for scheme in ("http", "https"):
             proc, port = start_upstream(cert if scheme == "https" else None)
             try:

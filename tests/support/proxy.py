@@ -17,6 +17,7 @@ from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
 from proxy_addon.addons.receipts import Receipts, make_addons
+from support.procfs import pids, process_state
 from support.server import free_port, listens
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,26 +123,22 @@ def _proxy_process(
 
 def writer_pid(proxy_pid: int) -> int | None:
     """The proxy's journal writer: its child process running proxy_addon.journal.writer."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for pid in pids():
+        state = process_state(pid)
+        if state is None or state[1] != proxy_pid or state[0] == "Z":
             continue
         try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
+            if b"proxy_addon.journal.writer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
         except OSError:
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == proxy_pid and b"proxy_addon.journal.writer" in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z":
-            return int(entry.name)
     return None
 
 
 def process_gone(pid: int) -> bool:
     """The process has exited (no longer there, or a zombie waiting to be reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    state = process_state(pid)
+    return state is None or state[0] == "Z"
 
 
 @contextmanager

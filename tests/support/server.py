@@ -9,6 +9,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from support.procfs import process_tree
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -32,24 +34,6 @@ def _listening_inodes(port: int) -> set[str]:
     return found
 
 
-def _process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants (a server may listen in a child: `make run`'s proxy, npm's node)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(current := todo.pop())
-        todo.extend(children.get(current, []))
-    return tree
-
-
 def listens(pid: int, port: int) -> bool:
     """Whether process `pid` (or one it started) listens on this loopback port. `accepts` would be fooled when
     another test's server took the port between `free_port` and this process's bind, which then failed: a
@@ -59,7 +43,7 @@ def listens(pid: int, port: int) -> bool:
     except OSError:
         return False
     inodes = _listening_inodes(port)
-    for process in _process_tree(pid):
+    for process in process_tree(pid):  # a server may listen in a child: `make run`'s proxy, npm's node
         try:
             fds = os.listdir(f"/proc/{process}/fd")
         except OSError:

@@ -192,10 +192,11 @@ def test_the_last_look_before_the_first_byte_withholds_the_request(hypercorn, ve
 
 def test_the_rest_of_a_body_longer_than_the_window_is_kept_back_once_the_proxy_may_have_been_taken_for_dead(hypercorn):
     """A body larger than HTTP/2's flow-control window goes out as the upstream's window updates allow, and
-    `may_send` is asked again before each DATA frame that follows such a wait: a proxy frozen while it waited may have been taken for dead, its
-    receipt settled by a read that found nothing. False after part of the body went out: the stream is reset,
-    the upstream never has the whole request (hypercorn's app is told the client left), and the end is not
-    `not_sent` (part of it went out) but an honest unknown. The connection serves the next write."""
+    `may_send` is asked again before each DATA frame that follows such a wait: a proxy frozen while it waited
+    may have been taken for dead, its receipt settled by a read that found nothing. False after part of the body
+    went out: the stream is reset, the upstream never has the whole request (hypercorn's app is told the client
+    left), and the end is not `not_sent` (part of it went out) but an honest unknown. The connection serves the
+    next write."""
     body = b'{"pad": "' + b"x" * 300_000 + b'"}'  # several windows of 65,535 bytes
     asked = []
 
