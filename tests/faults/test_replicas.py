@@ -11,6 +11,7 @@ without a restart, and the invariants hold.
 
 import os
 import signal
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -25,6 +26,7 @@ from proxy_addon.journal.tables import ProxyInstance
 
 BURST_MODES = [SUCCESS, SLOW, RESET, SLOW]  # no reject: a rejected receipt invites a retry
 PER_PROXY = 5
+HELD_SECONDS = 8.0  # how long the upstream holds the write proxy-1 is killed under: far longer than the kill takes
 
 
 def slow(receipts: list) -> list:
@@ -72,15 +74,23 @@ def test_bursts_to_both_replicas_are_forwarded_once_and_a_dead_replica_is_recove
                     receipts = store.receipts.list(states=list(states), limit=None)
                     return [r for r in receipts if r.proxy_instance and f"-{victim.proc.pid}-" in r.proxy_instance]
 
-                # kill it while it holds a slow write it has sent (a quick one could be answered before the kill)
-                assert wait_for(lambda: upstream.count() >= len(BURST_MODES) + 8 and slow(in_flight(["submitted"])), 10, 0.02)
+                # kill it while the upstream holds a write it sent. The load's slow writes are held 0.6 s: one
+                # seen `submitted` may have been answered already, its verdict still being committed, by the kill
+                held = Intent(f"held-{time.monotonic_ns()}", SLOW, HELD_SECONDS)
+                holder = threading.Thread(target=lambda: sent.extend(burst([victim.url], upstream.items_url, held, 1)))
+                holder.start()
+                holding = wait_for(lambda: upstream.count() >= len(BURST_MODES) + 8 and upstream.count(held.tag) == 1 and any(
+                    held.tag.encode() in (r.request_body or b"") for r in in_flight(["submitted"])), 10, 0.02)
+                assert holding, "proxy-1 never sent the held write"
                 victim.kill()
+                holder.join(30)
                 recovered = wait_for(lambda: not in_flight(), 30, 0.2)
                 assert recovered, f"the dead replica's receipts were not recovered: {in_flight()}"
-                interrupted = [r for r in store.receipts.list(limit=None) if r.error_code == "proxy_interrupted"]
+                [held_receipt] = [r for r in store.receipts.list(limit=None) if held.tag.encode() in (r.request_body or b"")]
+                steps = [(h.from_state, h.to_state, h.detail.get("error")) for h in store.receipts.history(held_receipt.operation_id)]
         finally:
             sent += agents.stop()
-        assert interrupted, "the kill landed on no write in flight"
+        assert ("submitted", "outcome_unknown", "proxy_interrupted") in steps, f"the held write was not recovered: {steps}"
         with open_store(database) as store:
             assert wait_for(lambda: not store.receipts.list(states=["planned", "submitted"], limit=None), 10, 0.1)
         check_scenario("two replicas, bursts and a replica killed (postgresql)", database, upstream.received(),
